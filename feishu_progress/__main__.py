@@ -1,0 +1,3 @@
+from feishu_progress.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Settings from the environment (and `.env`), with the names of PRODUCT.md.
+
+Nested groups use ``__``: ``FP_FEISHU__APP_ID``, ``FP_RATE__APP_PER_SECOND``... Settings are built
+once at the entry point and passed explicitly; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# Feishu's card locale codes (reference/feishu-platform.md §8).
+FEISHU_LOCALES: tuple[str, ...] = (
+    "zh_cn", "en_us", "zh_hk", "zh_tw", "ja_jp", "id_id", "vi_vn", "th_th",
+    "pt_br", "es_es", "ko_kr", "de_de", "fr_fr", "it_it", "ru_ru", "ms_my",
+)
+# Turkish has a catalog but no Feishu per-viewer code: a deployment may pick it as the single language.
+SINGLE_LANGUAGE_LOCALES: tuple[str, ...] = ("tr",)
+
+
+class FeishuSettings(BaseModel):
+    base_url: str = "https://open.feishu.cn"
+    app_id: str | None = None
+    app_secret: SecretStr | None = None
+    encrypt_key: SecretStr | None = None
+    verification_token: SecretStr | None = None
+    mode: Literal["webhook", "ws"] = "webhook"
+    timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @property
+    def sandbox(self) -> bool:
+        """No credentials: talk to the local sandbox instead of Feishu."""
+        return not self.app_id or self.app_secret is None
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+
+class HttpSettings(BaseModel):
+    host: str = "0.0.0.0"  # noqa: S104 - the public listener is meant to be reachable
+    port: int = Field(default=8000, ge=0, le=65535)
+
+
+class AdminSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8001, ge=0, le=65535)
+    token: SecretStr | None = None
+
+
+class ApiSettings(BaseModel):
+    token: SecretStr | None = None
+
+
+class CardSettings(BaseModel):
+    session_detail_url: str | None = None
+    locales: Annotated[tuple[str, ...], NoDecode] = ("zh_cn", "en_us")
+
+    @field_validator("locales", mode="before")
+    @classmethod
+    def _split_locales(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("locales")
+    @classmethod
+    def _known_locales(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("FP_CARD__LOCALES needs at least one locale")
+        for code in value:
+            if code in SINGLE_LANGUAGE_LOCALES:
+                if len(value) != 1:
+                    raise ValueError(
+                        f"{code!r} has no Feishu per-viewer locale code: it can only be the card's single "
+                        "language (FP_CARD__LOCALES=tr)"
+                    )
+            elif code not in FEISHU_LOCALES:
+                raise ValueError(f"unknown card locale {code!r}; Feishu accepts {', '.join(FEISHU_LOCALES)}")
+        return value
+
+    @field_validator("session_detail_url")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("FP_CARD__SESSION_DETAIL_URL must be an http(s) URL template with {session_id}")
+        return value or None
+
+
+class RateSettings(BaseModel):
+    app_per_second: float = Field(default=50, gt=0)
+    app_per_minute: float = Field(default=1000, gt=0)
+    message_interval_ms: int = Field(default=250, ge=200)  # Feishu allows 5 QPS per message
+
+
+class TaskSettings(BaseModel):
+    stale_after: float = Field(default=1800, gt=0, description="seconds without an event before 失去联系")
+
+
+class CallbackSettings(BaseModel):
+    timestamp_window_seconds: int = Field(default=300, gt=0)
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    allow_chat_members: bool = False
+    dedupe_ttl_seconds: int = Field(default=24 * 3600, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FP_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+    )
+
+    database_url: str = "sqlite+aiosqlite:///./feishu_progress.db"
+    feishu: FeishuSettings = FeishuSettings()
+    http: HttpSettings = HttpSettings()
+    admin: AdminSettings = AdminSettings()
+    api: ApiSettings = ApiSettings()
+    card: CardSettings = CardSettings()
+    rate: RateSettings = RateSettings()
+    task: TaskSettings = TaskSettings()
+    callback: CallbackSettings = CallbackSettings()
+    log_json: bool = False
+    log_level: str = "INFO"

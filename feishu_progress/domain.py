@@ -1,0 +1,145 @@
+"""The nouns of feishu-progress: frozen value objects shared by every room.
+
+Nothing here does I/O. Everything is a frozen, slotted dataclass or an enum so that a snapshot
+handed to the card builder can never change under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class TaskStatus(StrEnum):
+    """Where a task is in its life. The last four are terminal."""
+
+    RUNNING = "RUNNING"
+    WAITING = "WAITING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    LOST = "LOST"  # no event for FP_TASK__STALE_AFTER: shown as 失去联系
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.LOST})
+
+
+class SubagentStatus(StrEnum):
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class InvocationType(StrEnum):
+    BACKGROUND = "BACKGROUND"
+    FOLLOWUP = "FOLLOWUP"
+    DELEGATE = "DELEGATE"  # historical (seed 002 §1.3): stored, never shown
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentSummary:
+    """One running subagent as the card shows it (seed 002 §4.1.3)."""
+
+    task_id: int
+    agent_type: str | None
+    title: str
+    status: str
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of the current round, exactly as the runtime reported it.
+
+    ``args`` is the latest full argument object (possibly partial while streaming); ``result`` is the
+    tool's return value (a JSON object, list, string...) once ``finished``. The card turns this into a
+    one-line summary and, where it can, a rich view; nothing is interpreted here.
+    """
+
+    call_id: str
+    name: str
+    args: Mapping[str, Any] | None = None
+    result: Any = None
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AskOption:
+    label: str
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AskQuestion:
+    question: str
+    options: tuple[AskOption, ...] = ()
+    multi_select: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAsk:
+    """Questions the agent waits on; the card shows them as a form."""
+
+    ask_id: str
+    questions: tuple[AskQuestion, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A tool call the agent may only run after the requester approves it."""
+
+    approval_id: str
+    tool_name: str
+    summary: str = ""
+
+
+class Notice(StrEnum):
+    """A transient line shown right after a click, until the runtime catches up."""
+
+    CANCELLING = "cancelling"  # 正在取消…
+    RETRYING = "retrying"  # 正在重试…
+    ANSWERS_SUBMITTED = "answers_submitted"  # 已提交回答
+    APPROVED = "approved"
+    DENIED = "denied"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image a tool produced, and the Feishu image_key it was uploaded as (if any)."""
+
+    path: str
+    image_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CardModel:
+    """Everything the progress card is built from. Pure data: the builder reads no clock.
+
+    ``elapsed_ms`` is computed by the caller at build time; ``image_keys`` maps an image's
+    path or URL (as it appears in a tool result) to its uploaded Feishu image_key.
+    """
+
+    session_id: int
+    status: TaskStatus
+    round: int = 0
+    content: str = ""
+    title: str = ""
+    tools: tuple[ToolCall, ...] = ()
+    subagents: tuple[SubagentSummary, ...] = ()
+    elapsed_ms: int = 0
+    pending_asks: tuple[PendingAsk, ...] = ()
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    disliked: bool = False
+    notice: Notice | None = None
+    error: str = ""
+    locales: tuple[str, ...] = ("zh_cn", "en_us")
+    session_detail_url: str | None = None
+    image_keys: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,50 @@
+"""One error tree for the whole service."""
+
+from __future__ import annotations
+
+
+class FeishuProgressError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(FeishuProgressError):
+    """The configuration cannot work (unknown locale, missing credential outside sandbox...)."""
+
+
+class FeishuAPIError(FeishuProgressError):
+    """A Feishu Open API call answered with a non-zero ``code`` or a non-2xx status."""
+
+    def __init__(self, code: int, msg: str, *, http_status: int = 200, log_id: str = "",
+                 retry_after: float | None = None) -> None:
+        super().__init__(f"Feishu API error {code}: {msg}" + (f" (log_id {log_id})" if log_id else ""))
+        self.code = code
+        self.msg = msg
+        self.http_status = http_status
+        self.log_id = log_id
+        self.retry_after = retry_after
+
+
+class FeishuTransportError(FeishuProgressError):
+    """The request never got a Feishu answer: timeout, connection refused, reset."""
+
+
+class CallbackRejected(FeishuProgressError):
+    """A callback request is refused; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class EventRejected(FeishuProgressError):
+    """A runtime event batch is refused; ``location`` names the offending field."""
+
+    def __init__(self, location: str, message: str) -> None:
+        super().__init__(f"{location}: {message}")
+        self.location = location
+        self.message = message
+
+
+class UnknownTask(FeishuProgressError):
+    """No task with that session id."""

@@ -1,0 +1,82 @@
+"""Ports: the Protocols the core talks through. Adapters live at the edge (feishu/, subagents/).
+
+The core never sees a Feishu error code: the CardSink adapter classifies every outcome once
+(`feishu/errors.py`) and hands the scheduler a decision it can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from feishu_progress.domain import SubagentSummary
+
+
+class OutcomeKind(StrEnum):
+    """What the scheduler should do after one PATCH attempt."""
+
+    DELIVERED = "delivered"
+    RETRY_MESSAGE = "retry_message"  # per-message limit (230020): retry the newest state after retry_after
+    PAUSE_APP = "pause_app"  # gateway limit (99991400 / 429): pause the whole budget for retry_after
+    BACKOFF = "backoff"  # 5xx, timeout, connection error: bounded backoff with jitter
+    STOP = "stop"  # expired / recalled / deleted: never PATCH this message again
+    DEGRADE = "degrade"  # too large / invalid card: resend once as a minimal card
+
+
+@dataclass(frozen=True, slots=True)
+class PatchOutcome:
+    kind: OutcomeKind
+    retry_after: float = 0.0  # seconds; meaningful for RETRY_MESSAGE and PAUSE_APP
+    code: int | None = None  # the Feishu code or HTTP status behind it, for logs and metrics
+    reason: str = ""
+
+    @classmethod
+    def delivered(cls) -> PatchOutcome:
+        return cls(OutcomeKind.DELIVERED)
+
+
+class CardSink(Protocol):
+    """Where a built card goes. Never raises for a Feishu-side failure: it classifies it."""
+
+    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome: ...
+
+
+class SubagentSource(Protocol):
+    """Read-only view of the running subagents of parent sessions (seed 002 §4.1)."""
+
+    async def list_running(self, parent_session_id: int) -> list[SubagentSummary]: ...
+
+    async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]: ...
+
+
+class ImageUploader(Protocol):
+    """Uploads image bytes and returns the Feishu image_key."""
+
+    async def upload_image(self, data: bytes) -> str: ...
+
+
+class Clock(Protocol):
+    """Monotonic time and sleeping, injectable so tests never wait on the wall clock."""
+
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))

@@ -1,0 +1,1 @@
+"""Pure tool-call semantics: summaries with failure reasons, input previews, rich-view parsers."""

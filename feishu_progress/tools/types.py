@@ -1,0 +1,128 @@
+"""What tools/ hands to cards/: a tool call's meaning, free of markdown and of any locale.
+
+Strings inside these objects are raw, untrusted text (paths, queries, model output): cards/
+escapes every one of them when it renders. ``Msg`` templates come from the i18n catalogs and are
+trusted; their ``str`` params are untrusted and escaped by cards/ too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Union
+
+from feishu_progress.domain import AskQuestion
+from feishu_progress.i18n import Text
+
+
+class LineState(StrEnum):
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageItem:
+    url: str | None
+    path: str | None
+    size_bytes: int | None
+    mime: str | None  # e.g. "image/png"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageGridView:
+    """generate_image / edit_image result (seed 000 §4 step 2-3, D1, D5)."""
+
+    prompt: str
+    model: str
+    size: str
+    items: tuple[ImageItem, ...]  # every image; the card shows the first 9
+
+
+@dataclass(frozen=True, slots=True)
+class AskAnswer:
+    question: str
+    labels: tuple[str, ...]
+    custom_input: str  # "" when none
+
+
+@dataclass(frozen=True, slots=True)
+class AskAnswersView:
+    """ask_user_questions answers (seed 000 goal 3)."""
+
+    answers: tuple[AskAnswer, ...]
+
+
+class StatusKind(StrEnum):
+    RUNNING = "running"
+    OK = "ok"
+    FAIL = "fail"
+    MUTED = "muted"
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRow:
+    task_id: str  # as the tool reported it ("" when absent)
+    agent_type: str
+    status: str
+    status_kind: StatusKind
+    rounds: int | None
+    tool_calls: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    recent_output: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSummary:
+    completed: int
+    all_completed: bool
+    timed_out: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRowsView:
+    """check_subagent / wait_subagents (timeout branch) progress rows (seed 000 goal 4, D3)."""
+
+    rows: tuple[SubagentRow, ...]
+    wait: WaitSummary | None = None
+
+
+class AskToolHeadline(StrEnum):
+    ANSWERED = "answered"
+    UNANSWERED = "unanswered"
+    PENDING = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class AskToolView:
+    """asktool answer summary (seed 001 §4.1): questions from args, answers from the result text.
+
+    ``answers[i]`` is None when question i was skipped or the whole ask declined; all None with
+    ``pending`` False means declined. ``pending`` means no result text yet.
+    """
+
+    questions: tuple[AskQuestion, ...]
+    answers: tuple[tuple[str, ...] | None, ...]
+    pending: bool
+    headline: AskToolHeadline
+    answered: int
+
+
+ToolView = Union[ImageGridView, AskAnswersView, SubagentRowsView, AskToolView]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLine:
+    """One line of 本轮工具, plus the rich view under it when the result has a known shape.
+
+    ``raw_result`` holds the result as text when it should be shown collapsed (a view could not be
+    built for a result that carries more than the line says): never lost, never raw JSON in a view.
+    """
+
+    call_id: str
+    name: str
+    summary: Text
+    state: LineState
+    view: ToolView | None = None
+    raw_result: str | None = None

@@ -1,0 +1,58 @@
+"""Test doubles shared by the suite. Production code never imports this module."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+
+
+class FakeClock:
+    """A Clock whose time moves only when a test calls ``advance``.
+
+    ``sleep`` parks the caller until fake time reaches its deadline; ``advance`` walks time forward
+    deadline by deadline, letting the event loop run the woken tasks in between, so code under test
+    sees the same ordering it would see on a real clock, without any wall-clock wait.
+    """
+
+    def __init__(self, start: float = 1000.0, wall_start: float = 1_780_000_000.0) -> None:
+        self._now = start
+        self._wall_offset = wall_start - start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now + self._wall_offset
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
+        await future
+
+    @property
+    def sleepers(self) -> int:
+        return sum(1 for _, _, f in self._sleepers if not f.done())
+
+    async def settle(self, rounds: int = 20) -> None:
+        """Let every ready task run (no fake time passes)."""
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+
+    async def advance(self, seconds: float) -> None:
+        """Move fake time forward by ``seconds``, waking sleepers in deadline order."""
+        target = self._now + seconds
+        await self.settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            deadline, _, future = heapq.heappop(self._sleepers)
+            self._now = max(self._now, deadline)
+            if not future.done():
+                future.set_result(None)
+            await self.settle()
+        self._now = target
+        await self.settle()
