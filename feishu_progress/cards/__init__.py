@@ -1,0 +1,1 @@
+"""The progress card: pure functions from a CardModel to Feishu card JSON 2.0."""
