@@ -1,0 +1,86 @@
+"""Prometheus collectors of the service, kept in their own registry (never the global default).
+
+Each app (and each test) builds one ``Metrics`` over its own ``CollectorRegistry`` so that several apps in
+one process never collide. Rooms that need more collectors add attributes here, created the same way.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Staleness is "newest update -> its delivery": mostly the 250 ms pacing, seconds under budget pressure.
+_STALENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """The service's collectors, registered on ``registry`` (a fresh one when omitted)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.patches = Counter(
+            "fp_patches_total",
+            "Card PATCH attempts by outcome (delivered, retry_message, pause_app, backoff, stop, degrade).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.rate_limit_hits = Counter(
+            "fp_rate_limit_hits_total",
+            "Rate limits Feishu answered: per message (230020) or app-wide gateway (99991400 / 429).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.delivery_give_ups = Counter(
+            "fp_delivery_give_ups_total",
+            "Card states the scheduler gave up on (attempts exhausted, card stopped).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.pending_cards = Gauge(
+            "fp_pending_cards",
+            "Cards with a state not yet delivered (in flight or waiting for their turn).",
+            registry=self.registry,
+        )
+        self.delivery_staleness = Histogram(
+            "fp_delivery_staleness_seconds",
+            "Time from a card's newest recorded change to the PATCH that delivered it.",
+            buckets=_STALENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.live_cards = Gauge(
+            "fp_live_cards",
+            "Live cards currently registered.",
+            registry=self.registry,
+        )
+
+        self.events = Counter(
+            "fp_events_total",
+            "Runtime events applied to tasks.",
+            registry=self.registry,
+        )
+        self.callback_latency = Histogram(
+            "fp_callback_latency_seconds",
+            "Time to answer one Feishu card callback (Feishu's deadline is 3 s).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=self.registry,
+        )
+        self.subagent_query_seconds = Histogram(
+            "fp_subagent_query_seconds",
+            "Latency of the read-only running-subagents query.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+        self.subagent_cache = Counter(
+            "fp_subagent_cache_total",
+            "Subagent list lookups at delivery time, served from the 1 s cache (hit) or the database (miss).",
+            ["result"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every collector in this registry."""
+        return generate_latest(self.registry)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The current value of one sample (0.0 when absent); handy for tests and admin pages."""
+        sample = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if sample is None else sample

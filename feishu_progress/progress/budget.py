@@ -1,0 +1,108 @@
+"""The app-wide PATCH budget: Feishu's 50/s and 1000/min per app, never exceeded, spent smoothly.
+
+Two exact sliding windows are the hard guarantee (no 1 s window ever holds more than ``app_per_second``
+starts, no 60 s window more than ``app_per_minute``). A plain token bucket alone would not give that (a
+full bucket plus its refill lets up to twice the limit through one window). A third piece, a token bucket
+refilled at the per-minute rate with a per-second-sized burst, spreads the minute's budget evenly, so the
+minute is not spent in its first 20 seconds and then leaves every card waiting 40.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from feishu_progress.config import RateSettings
+
+# The hard caps compare exactly (never early by a rounding error); the smoothing bucket may round up a
+# token a microsecond early, which cannot break the caps.
+_TOKEN_SLACK = 1e-6
+
+
+class SlidingWindow:
+    """At most ``limit`` events in any window of ``window`` seconds."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self._starts: deque[float] = deque()
+
+    def _prune(self, now: float) -> None:
+        while self._starts and self._starts[0] + self.window <= now:
+            self._starts.popleft()
+
+    def next_free(self, now: float) -> float:
+        """The earliest time an event fits (``now`` when it fits already)."""
+        self._prune(now)
+        if len(self._starts) < self.limit:
+            return now
+        return self._starts[len(self._starts) - self.limit] + self.window
+
+    def record(self, now: float) -> None:
+        """Count one event at ``now``."""
+        self._starts.append(now)
+
+
+class TokenBucket:
+    """Tokens refill at ``rate`` per second up to ``capacity``; one event takes one token."""
+
+    def __init__(self, capacity: float, rate: float, now: float) -> None:
+        self.capacity = capacity
+        self.rate = rate
+        self._tokens = capacity
+        self._updated = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._updated:
+            self._tokens = min(self.capacity, self._tokens + (now - self._updated) * self.rate)
+            self._updated = now
+
+    def next_free(self, now: float) -> float:
+        """The earliest time a whole token is available."""
+        self._refill(now)
+        missing = 1.0 - self._tokens
+        return now if missing <= _TOKEN_SLACK else now + missing / self.rate
+
+    def record(self, now: float) -> None:
+        """Take one token (the caller checked ``next_free`` first)."""
+        self._refill(now)
+        self._tokens -= 1.0
+
+
+class AppBudget:
+    """The budget shared by every card of the app; ``pause_until`` stops it all after a gateway limit."""
+
+    def __init__(self, rate: RateSettings, now: float) -> None:
+        per_second = max(1, math.floor(rate.app_per_second))
+        per_minute = max(1, math.floor(rate.app_per_minute))
+        self._second = SlidingWindow(per_second, 1.0)
+        self._minute = SlidingWindow(per_minute, 60.0)
+        self._spread = TokenBucket(capacity=per_second, rate=per_minute / 60.0, now=now)
+        self._paused_until = -math.inf
+
+    @property
+    def paused_until(self) -> float:
+        """Monotonic time until which no PATCH may start (``-inf`` when not paused)."""
+        return self._paused_until
+
+    def next_available(self, now: float) -> float:
+        """The earliest time one more PATCH may start."""
+        return max(
+            self._paused_until,
+            self._second.next_free(now),
+            self._minute.next_free(now),
+            self._spread.next_free(now),
+        )
+
+    def try_take(self, now: float) -> bool:
+        """Count one PATCH start at ``now`` if the budget allows it."""
+        if self.next_available(now) > now:
+            return False
+        self._second.record(now)
+        self._minute.record(now)
+        self._spread.record(now)
+        return True
+
+    def pause_until(self, until: float) -> None:
+        """Stop spending until ``until`` (never shortens a longer pause)."""
+        self._paused_until = max(self._paused_until, until)

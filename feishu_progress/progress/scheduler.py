@@ -1,0 +1,433 @@
+"""The delivery scheduler: decides when each live card may be PATCHed (one per process, shared by all cards).
+
+Rules (ARCHITECTURE.md "The delivery scheduler"):
+- exactly one PATCH in flight per message; the newest state wins (a PATCH carries the state at build time,
+  changes during the flight cause one more PATCH afterwards);
+- at least ``message_interval`` between two PATCH starts of one message;
+- one app-wide budget (``AppBudget``), charged when a PATCH starts, retries included;
+- under pressure: terminal states and urgent refreshes first, then the card that has waited longest;
+- every ``PatchOutcome`` is acted on, nothing is retried forever, every give-up is logged.
+
+A single dispatcher task sleeps until it is woken (a card changed, a PATCH ended) or until the next
+eligible time; PATCHes run in a tracked task set. No per-card timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from feishu_progress.config import RateSettings
+from feishu_progress.metrics import Metrics
+from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
+from feishu_progress.progress.budget import AppBudget
+
+log = logging.getLogger(__name__)
+
+# Never spin: a wake time already due (or missed by a rounding error) still waits this long.
+_MIN_SLEEP = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One built card, and the state version and change time it was built from."""
+
+    version: int
+    changed_at: float
+    card: Mapping[str, Any]
+
+
+class Deliverable(Protocol):
+    """What the scheduler needs from a card (``LiveCard`` implements it)."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def is_terminal(self) -> bool: ...
+
+    @property
+    def stopped_reason(self) -> str | None: ...
+
+    async def build_for_delivery(self, *, degraded: bool = False) -> Delivery: ...
+
+    def mark_stopped(self, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffPolicy:
+    """Bounded exponential backoff with jitter; terminal states get more (still bounded) patience."""
+
+    base_seconds: float = 0.5
+    max_seconds: float = 30.0
+    max_attempts: int = 8
+    terminal_max_attempts: int = 20
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (attempt counts from 1)."""
+        ceiling: float = min(self.max_seconds, self.base_seconds * 2.0 ** (attempt - 1))
+        return ceiling * rng.uniform(0.5, 1.0)
+
+    def attempts_for(self, terminal: bool) -> int:
+        """How many failed attempts a state gets before the scheduler gives up on it."""
+        return self.terminal_max_attempts if terminal else self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class FlushReport:
+    """What ``flush`` could not deliver before its deadline, by message id."""
+
+    undelivered_terminal: tuple[str, ...] = ()
+    undelivered_other: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """True when every pending state reached Feishu."""
+        return not self.undelivered_terminal and not self.undelivered_other
+
+
+@dataclass(slots=True)
+class _Slot:
+    """The scheduler's bookkeeping for one message."""
+
+    card: Deliverable
+    settled_version: int | None = None  # the newest version delivered or given up on
+    in_flight: bool = False
+    flight_version: int = 0
+    urgent: bool = False
+    flight_urgent: bool = False
+    waiting_since: float | None = None  # oldest undelivered change outside the flight
+    flight_waiting_since: float | None = None
+    next_start: float = -math.inf
+    failures: int = 0
+    degraded: bool = False
+
+    @property
+    def has_news(self) -> bool:
+        return self.card.version != self.settled_version
+
+    def priority(self) -> tuple[int, float]:
+        first = 0 if self.urgent or self.card.is_terminal else 1
+        return first, self.waiting_since if self.waiting_since is not None else math.inf
+
+
+@dataclass(slots=True)
+class _Events:
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the dispatcher should look again
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # a PATCH ended (flush watches it)
+
+
+class DeliveryScheduler:
+    """Paces and budgets the PATCHes of every live card of the process."""
+
+    def __init__(
+        self,
+        sink: CardSink,
+        *,
+        clock: Clock,
+        rate: RateSettings | None = None,
+        metrics: Metrics | None = None,
+        backoff: BackoffPolicy | None = None,
+        rng: random.Random | None = None,
+        on_stopped: Callable[[Deliverable, str], None] | None = None,
+        default_pause_seconds: float = 1.0,
+    ) -> None:
+        rate = rate if rate is not None else RateSettings()
+        self._sink = sink
+        self._clock = clock
+        self._interval = rate.message_interval_ms / 1000.0
+        self._budget = AppBudget(rate, clock.monotonic())
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._backoff = backoff if backoff is not None else BackoffPolicy()
+        self._rng = rng if rng is not None else random.Random()
+        self._on_stopped = on_stopped
+        self._default_pause = default_pause_seconds
+        self._slots: dict[str, _Slot] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._events = _Events()
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``."""
+        return self._dispatcher is not None and not self._dispatcher.done()
+
+    @property
+    def budget(self) -> AppBudget:
+        """The app-wide budget (read-only use: admin pages, tests)."""
+        return self._budget
+
+    def start(self) -> None:
+        """Start the dispatcher task (inside a running event loop)."""
+        if not self.running:
+            self._dispatcher = asyncio.create_task(self._dispatch_forever(), name="fp-delivery-dispatcher")
+
+    async def stop(self) -> None:
+        """Stop dispatching and cancel PATCHes still in flight."""
+        tasks = [*self._tasks, *([self._dispatcher] if self._dispatcher is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._dispatcher = None
+
+    def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
+        """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""
+        if card.stopped_reason is not None:
+            return
+        slot = self._slots.get(card.message_id)
+        if slot is None:
+            slot = self._slots[card.message_id] = _Slot(card)
+        slot.card = card
+        newly_pending = slot.waiting_since is None
+        if newly_pending:
+            slot.waiting_since = self._clock.monotonic()
+        newly_urgent = urgent and not slot.urgent
+        slot.urgent = slot.urgent or urgent
+        # An in-flight or already-scheduled card is looked at again when its PATCH ends or its time comes.
+        if (newly_pending or newly_urgent) and not slot.in_flight:
+            self._events.wake.set()
+
+    def forget(self, message_id: str) -> None:
+        """Drop a message's bookkeeping (its task is gone); a PATCH in flight still completes."""
+        self._slots.pop(message_id, None)
+
+    def pending_message_ids(self) -> list[str]:
+        """Messages with a state not yet delivered (in flight or waiting)."""
+        return [mid for mid, slot in self._slots.items() if slot.in_flight or slot.has_news]
+
+    async def flush(self, deadline_s: float) -> FlushReport:
+        """Deliver what is pending (terminal states first) within ``deadline_s`` seconds, then stop."""
+        self.start()
+        deadline = self._clock.monotonic() + deadline_s
+        while self.pending_message_ids():
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                break
+            self._events.progress.clear()
+            await self._wait(self._events.progress, remaining)
+        report = self._flush_report()
+        await self.stop()
+        for message_id in report.undelivered_terminal:
+            log.error(
+                "shutdown: final card state of message %s was not delivered",
+                message_id,
+                extra={"message_id": message_id},
+            )
+        if report.undelivered_other:
+            log.warning("shutdown: %d cards still had undelivered progress", len(report.undelivered_other))
+        return report
+
+    # -- the dispatcher ---------------------------------------------------------------------------
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            self._events.wake.clear()
+            now = self._clock.monotonic()
+            try:
+                self._launch_ready(now)
+                wake_at = self._next_wake_at(now)
+            except Exception:
+                # One bad pass must not end every card's delivery: log it and look again shortly.
+                log.exception("delivery dispatcher pass failed")
+                wake_at = now + self._interval
+            timeout = None if wake_at is None else max(wake_at - now, _MIN_SLEEP)
+            await self._wait(self._events.wake, timeout)
+
+    async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
+        """Wait until ``event`` is set or ``timeout`` seconds of clock time pass."""
+        if timeout is None:
+            await event.wait()
+            return
+        waiter = asyncio.ensure_future(event.wait())
+        sleeper = asyncio.ensure_future(self._clock.sleep(timeout))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+            await asyncio.gather(waiter, sleeper, return_exceptions=True)
+
+    def _launch_ready(self, now: float) -> None:
+        ready: list[_Slot] = []
+        pending = 0
+        for message_id, slot in list(self._slots.items()):
+            if slot.in_flight:
+                pending += 1
+            elif slot.has_news:
+                pending += 1
+                if slot.next_start <= now:
+                    ready.append(slot)
+            elif slot.card.is_terminal and slot.next_start <= now:
+                del self._slots[message_id]  # done for good; keeping it past next_start adds nothing
+        self._metrics.pending_cards.set(pending)
+        ready.sort(key=_Slot.priority)
+        for slot in ready:
+            if not self._budget.try_take(now):
+                break
+            self._launch(slot, now)
+
+    def _next_wake_at(self, now: float) -> float | None:
+        waiting = [s.next_start for s in self._slots.values() if not s.in_flight and s.has_news]
+        if not waiting:
+            return None
+        return max(min(waiting), self._budget.next_available(now))
+
+    def _launch(self, slot: _Slot, now: float) -> None:
+        slot.in_flight = True
+        slot.flight_version = slot.card.version
+        slot.next_start = now + self._interval
+        slot.flight_urgent, slot.urgent = slot.urgent, False
+        slot.flight_waiting_since, slot.waiting_since = slot.waiting_since, None
+        task = asyncio.create_task(self._deliver(slot), name=f"fp-patch-{slot.card.message_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one PATCH --------------------------------------------------------------------------------
+
+    async def _deliver(self, slot: _Slot) -> None:
+        delivery: Delivery | None = None
+        try:
+            delivery = await slot.card.build_for_delivery(degraded=slot.degraded)
+        except asyncio.CancelledError:
+            self._cancelled(slot)
+            raise
+        except Exception as exc:
+            # A builder bug must not lose the status: the degraded card is the way out.
+            log.exception(
+                "building the card of message %s failed",
+                slot.card.message_id,
+                extra={"message_id": slot.card.message_id},
+            )
+            outcome = PatchOutcome(OutcomeKind.DEGRADE, reason=f"card build failed: {exc!r}")
+        else:
+            try:
+                outcome = await self._patch(slot.card.message_id, delivery.card)
+            except asyncio.CancelledError:
+                self._cancelled(slot)
+                raise
+        slot.in_flight = False
+        self._handle(slot, delivery, outcome, self._clock.monotonic())
+        self._events.wake.set()
+        self._events.progress.set()
+
+    def _cancelled(self, slot: _Slot) -> None:
+        """``stop`` cut the flight short: its state counts as undelivered if the scheduler starts again."""
+        slot.in_flight = False
+        self._restore_flight(slot)
+
+    async def _patch(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
+        try:
+            return await self._sink.patch_card(message_id, card)
+        except Exception as exc:
+            # The sink promises to classify every failure; if it raises anyway, treat it as transient.
+            log.exception("card sink raised for message %s", message_id, extra={"message_id": message_id})
+            return PatchOutcome(OutcomeKind.BACKOFF, reason=f"sink raised: {exc!r}")
+
+    def _handle(self, slot: _Slot, delivery: Delivery | None, outcome: PatchOutcome, now: float) -> None:
+        self._metrics.patches.labels(outcome=outcome.kind.value).inc()
+        kind = outcome.kind
+        if kind is OutcomeKind.DELIVERED:
+            if delivery is not None:  # always: DELIVERED only follows a successful build
+                self._delivered(slot, delivery, now)
+        elif kind is OutcomeKind.RETRY_MESSAGE:
+            self._metrics.rate_limit_hits.labels(kind="message").inc()
+            self._retry(slot, outcome, max(outcome.retry_after, self._interval), now)
+        elif kind is OutcomeKind.PAUSE_APP:
+            self._metrics.rate_limit_hits.labels(kind="app").inc()
+            pause = outcome.retry_after if outcome.retry_after > 0 else self._default_pause
+            self._budget.pause_until(now + pause)
+            log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)
+            self._retry(slot, outcome, pause, now)
+        elif kind is OutcomeKind.BACKOFF:
+            self._retry(slot, outcome, self._backoff.delay(slot.failures + 1, self._rng), now)
+        elif kind is OutcomeKind.STOP:
+            self._stop(slot, outcome.reason or f"message can no longer be updated (code {outcome.code})")
+        elif kind is OutcomeKind.DEGRADE:
+            self._degrade(slot, outcome)
+
+    def _delivered(self, slot: _Slot, delivery: Delivery, now: float) -> None:
+        slot.settled_version = delivery.version
+        slot.failures = 0
+        self._metrics.delivery_staleness.observe(max(0.0, now - delivery.changed_at))
+        if not slot.has_news:
+            slot.waiting_since = None
+
+    def _restore_flight(self, slot: _Slot) -> None:
+        """The flight failed: its state is still undelivered, as old and as urgent as it was."""
+        slot.urgent = slot.urgent or slot.flight_urgent
+        if slot.flight_waiting_since is not None:
+            slot.waiting_since = min(slot.flight_waiting_since, slot.waiting_since or math.inf)
+
+    def _retry(self, slot: _Slot, outcome: PatchOutcome, delay: float, now: float) -> None:
+        slot.failures += 1
+        limit = self._backoff.attempts_for(slot.card.is_terminal)
+        if slot.failures >= limit:
+            self._give_up(slot, outcome, limit)
+            return
+        self._restore_flight(slot)
+        slot.next_start = max(slot.next_start, now + delay)
+
+    def _give_up(self, slot: _Slot, outcome: PatchOutcome, attempts: int) -> None:
+        message_id = slot.card.message_id
+        level = logging.ERROR if slot.card.is_terminal else logging.WARNING
+        log.log(
+            level,
+            "giving up on version %d of message %s after %d attempts: %s %s",
+            slot.flight_version,
+            message_id,
+            attempts,
+            outcome.kind.value,
+            outcome.reason,
+            extra={"message_id": message_id, "code": outcome.code},
+        )
+        self._metrics.delivery_give_ups.labels(reason="attempts_exhausted").inc()
+        slot.settled_version = slot.flight_version
+        slot.failures = 0
+        if slot.has_news:  # a newer state arrived meanwhile: it gets its own fresh attempts
+            self._restore_flight(slot)
+        else:
+            slot.waiting_since = None
+
+    def _degrade(self, slot: _Slot, outcome: PatchOutcome) -> None:
+        if slot.degraded:
+            self._stop(slot, f"degraded card rejected too: {outcome.reason or outcome.code}")
+            return
+        log.warning(
+            "card of message %s rejected (%s %s): resending a degraded card",
+            slot.card.message_id,
+            outcome.code,
+            outcome.reason,
+            extra={"message_id": slot.card.message_id},
+        )
+        # Sticky: the full card would be rejected again, and a card must not pay two PATCHes per state.
+        slot.degraded = True
+        self._restore_flight(slot)
+
+    def _stop(self, slot: _Slot, reason: str) -> None:
+        message_id = slot.card.message_id
+        log.warning("stopped updating message %s: %s", message_id, reason, extra={"message_id": message_id})
+        self._metrics.delivery_give_ups.labels(reason="stopped").inc()
+        self._slots.pop(message_id, None)
+        slot.card.mark_stopped(reason)
+        if self._on_stopped is not None:
+            try:
+                self._on_stopped(slot.card, reason)
+            except Exception:
+                log.exception("on_stopped callback failed for message %s", message_id)
+
+    def _flush_report(self) -> FlushReport:
+        terminal: list[str] = []
+        other: list[str] = []
+        for message_id in self.pending_message_ids():
+            (terminal if self._slots[message_id].card.is_terminal else other).append(message_id)
+        return FlushReport(tuple(terminal), tuple(other))

@@ -1,0 +1,372 @@
+"""DeliveryScheduler: per-message pacing, newest state wins, priorities, outcome handling, flush."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import pytest
+
+from feishu_progress.config import RateSettings
+from feishu_progress.domain import TaskStatus
+from feishu_progress.ports import OutcomeKind, PatchOutcome
+from feishu_progress.progress import BackoffPolicy, LiveCard
+from tests.test_scheduler_fakes import Harness, PatchRecord, outcome
+
+RUNNING = TaskStatus.RUNNING
+EPS = 1e-6
+
+
+def step(card: LiveCard, n: int) -> None:
+    card.update(RUNNING, n, f"step {n}", ())
+
+
+def assert_never_overlapping(records: list[PatchRecord], interval: float = 0.25) -> None:
+    for before, after in itertools.pairwise(records):
+        assert before.ended is not None
+        assert after.started >= before.ended - EPS, "two PATCHes of one message overlapped"
+        assert after.started - before.started >= interval - EPS, "PATCH starts closer than the interval"
+
+
+# -- pacing and newest-state-wins ------------------------------------------------------------------
+
+
+async def test_100_updates_in_one_second_give_at_most_5_patches_and_the_last_carries_the_last_state() -> None:
+    async with Harness(delay=0.05) as h:
+        card = h.card()
+        for n in range(100):
+            step(card, n)
+            await h.clock.advance(0.01)
+        await h.clock.advance(2.0)
+
+        records = h.sink.of("om_1")
+        assert 2 <= len(records) <= 5
+        assert h.sink.max_in_flight_per_message == 1
+        assert records[-1].card["content"] == "step 99"
+        assert_never_overlapping(records)
+
+
+async def test_a_slow_sink_never_sees_two_patches_of_one_message_in_flight() -> None:
+    async with Harness(delay=0.6) as h:
+        card = h.card()
+        for n in range(60):
+            step(card, n)
+            await h.clock.advance(0.05)
+        await h.clock.advance(3.0)
+
+        records = h.sink.of("om_1")
+        assert h.sink.max_in_flight_per_message == 1
+        assert_never_overlapping(records)
+        # 3 s of updates with 0.6 s PATCHes: about five flights, not sixty.
+        assert 4 <= len(records) <= 7
+        assert records[-1].card["content"] == "step 59"
+
+
+async def test_the_final_state_is_delivered_when_it_lands_mid_flight() -> None:
+    async with Harness(delay=0.5) as h:
+        card = h.card()
+        step(card, 1)
+        await h.clock.advance(0.1)
+        assert len(h.sink.records) == 1 and h.sink.records[0].ended is None  # in flight
+        card.finish(TaskStatus.COMPLETED, content="done")
+        await h.clock.advance(2.0)
+
+        records = h.sink.of("om_1")
+        assert [r.card["status"] for r in records] == ["RUNNING", "COMPLETED"]
+        assert records[-1].card["content"] == "done"
+        assert h.scheduler.pending_message_ids() == []
+
+
+async def test_an_unchanged_card_is_not_patched_again() -> None:
+    async with Harness() as h:
+        card = h.card()
+        step(card, 1)
+        await h.clock.advance(1.0)
+        step(card, 1)  # same state: nothing recorded
+        card.set_disliked(False)  # already not disliked
+        await h.clock.advance(1.0)
+        assert len(h.sink.records) == 1
+
+
+# -- priorities under a tight budget -----------------------------------------------------------------
+
+
+async def test_terminal_and_urgent_cards_go_before_ordinary_ones_then_the_longest_waiting() -> None:
+    async with Harness(rate=RateSettings(app_per_second=1, app_per_minute=60)) as h:
+        first, a, b, urgent, done = (h.card(m) for m in ("om_x", "om_a", "om_b", "om_u", "om_t"))
+        step(first, 1)
+        await h.clock.advance(0.01)  # om_x takes the only token of this second
+        step(a, 1)
+        await h.clock.advance(0.01)
+        step(b, 1)
+        await h.clock.advance(0.01)
+        await urgent.refresh()
+        await h.clock.advance(0.01)
+        done.finish(TaskStatus.FAILED, error="boom")
+        await h.clock.advance(10.0)
+
+        order = [r.message_id for r in h.sink.records]
+        assert order[0] == "om_x"
+        assert set(order[1:3]) == {"om_u", "om_t"}
+        assert order[3:] == ["om_a", "om_b"]
+        starts = [r.started for r in h.sink.records]
+        assert all(later - earlier >= 1.0 - EPS for earlier, later in itertools.pairwise(starts))
+
+
+async def test_fairness_under_ten_times_the_budget() -> None:
+    per_minute, cards_n, window = 120, 10, 120.0
+    rate = RateSettings(app_per_second=10, app_per_minute=per_minute)
+    async with Harness(rate=rate, delay=0.1) as h:
+        cards = [h.card(f"om_{i}") for i in range(cards_n)]
+        n = 0
+        while h.clock.monotonic() < 1000.0 + window:
+            n += 1
+            for card in cards:
+                step(card, n)  # every card changes every 50 ms: 40 PATCH/s wanted, 2/s allowed
+            await h.clock.advance(0.05)
+
+        starts = [r.started - 1000.0 for r in h.sink.records if r.started < 1000.0 + window]
+        budget = per_minute * window / 60.0
+        assert budget * 0.95 <= len(starts) <= budget
+        for t in starts:  # never more than the limits in any sliding window
+            assert sum(1 for s in starts if t <= s < t + 1.0) <= 10
+            assert sum(1 for s in starts if t <= s < t + 60.0) <= per_minute
+        allowed_gap = cards_n / (per_minute / 60.0) * 2.0
+        for card in cards:
+            times = [1000.0] + [r.started for r in h.sink.of(card.message_id)] + [1000.0 + window]
+            assert max(b - a for a, b in itertools.pairwise(times)) <= allowed_gap, card.message_id
+
+        for card in cards:
+            card.finish(TaskStatus.COMPLETED, content=f"final {card.message_id}")
+        await h.clock.advance(30.0)
+        for card in cards:
+            last = h.sink.of(card.message_id)[-1].card
+            assert (last["status"], last["content"]) == ("COMPLETED", f"final {card.message_id}")
+
+
+# -- outcome handling ------------------------------------------------------------------------------
+
+
+async def test_retry_message_waits_retry_after_then_sends_the_newest_state() -> None:
+    async with Harness() as h:
+        card = h.card()
+        h.sink.answer("om_1", outcome(OutcomeKind.RETRY_MESSAGE, retry_after=2.0))
+        step(card, 1)
+        await h.clock.advance(0.5)
+        step(card, 2)
+        await h.clock.advance(1.4)
+        assert len(h.sink.records) == 1
+        await h.clock.advance(0.2)
+        records = h.sink.records
+        assert len(records) == 2
+        assert records[1].started - records[0].started >= 2.0 - EPS
+        assert records[1].card["content"] == "step 2"
+        assert h.metrics.value("fp_rate_limit_hits_total", {"kind": "message"}) == 1
+
+
+async def test_retry_message_never_retries_sooner_than_the_interval() -> None:
+    async with Harness() as h:
+        card = h.card()
+        h.sink.answer("om_1", outcome(OutcomeKind.RETRY_MESSAGE, retry_after=0.0))
+        step(card, 1)
+        await h.clock.advance(1.0)
+        first, second = h.sink.records
+        assert second.started - first.started >= 0.25 - EPS
+
+
+async def test_pause_app_pauses_every_card() -> None:
+    async with Harness(delay=0.05) as h:
+        a, b = h.card("om_a"), h.card("om_b")
+        h.sink.answer("om_a", outcome(OutcomeKind.PAUSE_APP, retry_after=3.0))
+        step(a, 1)
+        await h.clock.advance(0.1)  # om_a answered: the app is paused until ~1003.05
+        step(b, 1)
+        await h.clock.advance(2.8)
+        assert [r.message_id for r in h.sink.records] == ["om_a"]
+        await h.clock.advance(0.5)
+        assert sorted(r.message_id for r in h.sink.records[1:]) == ["om_a", "om_b"]
+        assert all(r.started >= 1003.05 - EPS for r in h.sink.records[1:])
+        assert h.metrics.value("fp_rate_limit_hits_total", {"kind": "app"}) == 1
+
+
+async def test_backoff_is_bounded_jittered_and_gives_up_with_a_log(caplog: pytest.LogCaptureFixture) -> None:
+    policy = BackoffPolicy(base_seconds=0.5, max_seconds=4.0, max_attempts=8, terminal_max_attempts=12)
+    async with Harness(backoff=policy) as h:
+        card = h.card()
+        h.sink.always["om_1"] = outcome(OutcomeKind.BACKOFF, reason="HTTP 502")
+        with caplog.at_level(logging.WARNING):
+            step(card, 1)
+            await h.clock.advance(120.0)
+
+        starts = [r.started for r in h.sink.records]
+        assert len(starts) == 8
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        for attempt, gap in enumerate(gaps, start=1):
+            ceiling = min(4.0, 0.5 * 2 ** (attempt - 1))
+            assert max(0.25, ceiling * 0.5) - EPS <= gap <= ceiling + EPS
+        assert any("giving up" in r.getMessage() and "om_1" in r.getMessage() for r in caplog.records)
+        assert h.metrics.value("fp_delivery_give_ups_total", {"reason": "attempts_exhausted"}) == 1
+        assert card.stopped_reason is None
+
+        del h.sink.always["om_1"]
+        step(card, 2)  # a newer state gets fresh attempts
+        await h.clock.advance(1.0)
+        assert h.sink.records[-1].card["content"] == "step 2"
+        assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+
+
+async def test_a_terminal_state_gets_more_patience_than_progress() -> None:
+    policy = BackoffPolicy(base_seconds=0.5, max_seconds=2.0, max_attempts=3, terminal_max_attempts=10)
+    async with Harness(backoff=policy) as h:
+        card = h.card()
+        h.sink.answer("om_1", *[outcome(OutcomeKind.BACKOFF)] * 6)
+        card.finish(TaskStatus.COMPLETED)
+        await h.clock.advance(60.0)
+        assert len(h.sink.records) == 7
+        assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+        assert h.sink.records[-1].card["status"] == "COMPLETED"
+
+
+async def test_stop_stops_that_card_only_and_tells_the_owner(caplog: pytest.LogCaptureFixture) -> None:
+    async with Harness() as h:
+        gone, alive = h.card("om_gone"), h.card("om_alive")
+        h.sink.answer("om_gone", outcome(OutcomeKind.STOP, reason="message recalled"))
+        with caplog.at_level(logging.WARNING):
+            step(gone, 1)
+            step(alive, 1)
+            await h.clock.advance(1.0)
+        step(gone, 2)
+        step(alive, 2)
+        await h.clock.advance(1.0)
+
+        assert len(h.sink.of("om_gone")) == 1
+        assert [r.card["content"] for r in h.sink.of("om_alive")] == ["step 1", "step 2"]
+        assert gone.stopped_reason == "message recalled"
+        assert h.stopped == [("om_gone", "message recalled")]
+        assert any("om_gone" in r.getMessage() and "recalled" in r.getMessage() for r in caplog.records)
+
+
+async def test_degrade_resends_once_as_the_degraded_card() -> None:
+    async with Harness() as h:
+        card = h.card()
+        h.sink.answer("om_1", outcome(OutcomeKind.DEGRADE, reason="card too large"))
+        step(card, 1)
+        await h.clock.advance(1.0)
+        kinds = [r.card["kind"] for r in h.sink.records]
+        assert kinds == ["full", "degraded"]
+        assert h.sink.records[-1].card["content"] == "step 1"
+        card.finish(TaskStatus.COMPLETED)
+        await h.clock.advance(1.0)
+        assert h.sink.records[-1].card == {"kind": "degraded", "status": "COMPLETED", "content": "step 1"}
+        assert card.stopped_reason is None
+
+
+async def test_a_rejected_degraded_card_stops_the_card() -> None:
+    async with Harness() as h:
+        card = h.card()
+        h.sink.answer("om_1", outcome(OutcomeKind.DEGRADE), outcome(OutcomeKind.DEGRADE, reason="still bad"))
+        step(card, 1)
+        await h.clock.advance(1.0)
+        step(card, 2)
+        await h.clock.advance(1.0)
+        assert len(h.sink.records) == 2
+        assert card.stopped_reason is not None and "still bad" in card.stopped_reason
+        assert [m for m, _ in h.stopped] == ["om_1"]
+
+
+async def test_a_builder_crash_falls_back_to_the_degraded_card() -> None:
+    async with Harness() as h:
+        card = h.card()
+
+        def broken(_: object) -> dict[str, object]:
+            raise ValueError("builder bug")
+
+        card._build_card = broken
+        step(card, 1)
+        await h.clock.advance(1.0)
+        assert [r.card["kind"] for r in h.sink.records] == ["degraded"]
+
+
+async def test_a_raising_sink_is_treated_as_transient() -> None:
+    async with Harness() as h:
+        card = h.card()
+        h.sink.answer("om_1", ConnectionResetError("reset"))
+        step(card, 1)
+        await h.clock.advance(5.0)
+        assert [r.outcome for r in h.sink.records] == [None, PatchOutcome.delivered()]
+
+
+# -- metrics and flush -----------------------------------------------------------------------------
+
+
+async def test_metrics_count_outcomes_pending_cards_and_staleness() -> None:
+    async with Harness(delay=0.1) as h:
+        card = h.card()
+        step(card, 1)
+        await h.clock.advance(0.05)
+        assert h.metrics.value("fp_pending_cards") == 1
+        await h.clock.advance(1.0)
+        step(card, 2)
+        await h.clock.advance(1.0)
+        assert h.metrics.value("fp_patches_total", {"outcome": "delivered"}) == 2
+        assert h.metrics.value("fp_delivery_staleness_seconds_count") == 2
+        assert h.metrics.value("fp_delivery_staleness_seconds_sum") == pytest.approx(0.2)
+        await h.clock.advance(0.01)
+        step(card, 3)
+        await h.clock.advance(1.0)
+        assert h.metrics.value("fp_pending_cards") == 0
+
+
+async def test_flush_delivers_every_pending_terminal_state_within_the_deadline() -> None:
+    rate = RateSettings(app_per_second=5, app_per_minute=300)
+    h = Harness(rate=rate, delay=0.1)
+    h.scheduler.start()
+    cards = [h.card(f"om_{i}") for i in range(12)]
+    for card in cards:
+        step(card, 1)
+    for card in cards:
+        card.finish(TaskStatus.COMPLETED)
+    flushing = asyncio.create_task(h.scheduler.flush(5.0))
+    await h.clock.advance(6.0)
+    report = await flushing
+
+    assert report.complete
+    for card in cards:
+        assert h.sink.of(card.message_id)[-1].card["status"] == "COMPLETED"
+    assert max(r.started for r in h.sink.records) <= 1005.0
+    assert not h.scheduler.running
+
+
+async def test_flush_reports_what_it_could_not_deliver() -> None:
+    h = Harness()
+    ok, stuck, busy = h.card("om_ok"), h.card("om_stuck"), h.card("om_busy")
+    h.sink.always["om_stuck"] = outcome(OutcomeKind.BACKOFF)
+    h.sink.always["om_busy"] = outcome(OutcomeKind.PAUSE_APP, retry_after=30.0)
+    ok.finish(TaskStatus.COMPLETED)
+    stuck.finish(TaskStatus.FAILED)
+    step(busy, 1)
+    flushing = asyncio.create_task(h.scheduler.flush(2.0))
+    await h.clock.advance(3.0)
+    report = await flushing
+
+    assert report.undelivered_terminal == ("om_stuck",)
+    assert report.undelivered_other == ("om_busy",)
+    assert not report.complete
+    assert h.sink.of("om_ok")[-1].outcome == PatchOutcome.delivered()
+
+
+async def test_a_patch_cut_short_by_stop_is_sent_again_after_a_restart() -> None:
+    h = Harness(delay=1.0)
+    h.scheduler.start()
+    card = h.card()
+    step(card, 1)
+    await h.clock.advance(0.5)
+    await h.scheduler.stop()
+    assert h.scheduler.pending_message_ids() == ["om_1"]
+    h.scheduler.start()
+    await h.clock.advance(2.0)
+    assert [r.card["content"] for r in h.sink.records] == ["step 1", "step 1"]
+    assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+    assert h.scheduler.pending_message_ids() == []
+    await h.scheduler.stop()

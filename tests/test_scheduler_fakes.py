@@ -1,0 +1,175 @@
+"""Doubles for the progress tests: a recording CardSink, a scripted SubagentSource, toy card builders.
+
+Named test_scheduler_* to stay inside the progress area of the suite; it holds no tests itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from feishu_progress.config import RateSettings
+from feishu_progress.domain import CardModel, SubagentSummary
+from feishu_progress.metrics import Metrics
+from feishu_progress.ports import OutcomeKind, PatchOutcome
+from feishu_progress.progress import BackoffPolicy, CardContext, Deliverable, DeliveryScheduler, LiveCard
+from tests.fakes import FakeClock
+
+
+def build_card(model: CardModel) -> dict[str, Any]:
+    """A toy builder that exposes what the real one would render from."""
+    return {
+        "kind": "full",
+        "status": model.status.value,
+        "round": model.round,
+        "content": model.content,
+        "subagents": [s.task_id for s in model.subagents],
+        "elapsed_ms": model.elapsed_ms,
+        "disliked": model.disliked,
+        "notice": None if model.notice is None else model.notice.value,
+        "error": model.error,
+        "asks": [a.ask_id for a in model.pending_asks],
+        "approvals": [a.approval_id for a in model.pending_approvals],
+        "image_keys": dict(model.image_keys),
+    }
+
+
+def build_degraded_card(model: CardModel) -> dict[str, Any]:
+    """A toy minimal card: status only."""
+    return {"kind": "degraded", "status": model.status.value, "content": model.content}
+
+
+@dataclass
+class PatchRecord:
+    message_id: str
+    card: dict[str, Any]
+    started: float
+    ended: float | None = None
+    outcome: PatchOutcome | None = None
+
+
+class FakeSink:
+    """Records every PATCH; answers scripted outcomes per message (DELIVERED otherwise) after ``delay``."""
+
+    def __init__(self, clock: FakeClock, delay: float = 0.0) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.records: list[PatchRecord] = []
+        self.script: dict[str, deque[PatchOutcome | Exception]] = defaultdict(deque)
+        self.always: dict[str, PatchOutcome] = {}
+        self._in_flight: dict[str, int] = defaultdict(int)
+        self.max_in_flight_per_message = 0
+
+    def answer(self, message_id: str, *outcomes: PatchOutcome | Exception) -> None:
+        """Queue the next answers for ``message_id``."""
+        self.script[message_id].extend(outcomes)
+
+    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
+        record = PatchRecord(message_id, dict(card), self.clock.monotonic())
+        self.records.append(record)
+        self._in_flight[message_id] += 1
+        self.max_in_flight_per_message = max(self.max_in_flight_per_message, self._in_flight[message_id])
+        try:
+            if self.delay:
+                await self.clock.sleep(self.delay)
+        finally:
+            self._in_flight[message_id] -= 1
+            record.ended = self.clock.monotonic()
+        queued = self.script[message_id]
+        answer = queued.popleft() if queued else self.always.get(message_id, PatchOutcome.delivered())
+        if isinstance(answer, Exception):
+            raise answer
+        record.outcome = answer
+        return answer
+
+    def of(self, message_id: str) -> list[PatchRecord]:
+        """The PATCHes of one message, in start order."""
+        return [r for r in self.records if r.message_id == message_id]
+
+
+def outcome(kind: OutcomeKind, retry_after: float = 0.0, reason: str = "") -> PatchOutcome:
+    return PatchOutcome(kind, retry_after=retry_after, code=1, reason=reason)
+
+
+class FakeSubagents:
+    """A SubagentSource answering scripted lists (or raising), optionally after a delay."""
+
+    def __init__(self, clock: FakeClock, delay: float = 0.0) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.calls = 0
+        self.answers: deque[list[SubagentSummary] | Exception] = deque()
+        self.fallback: list[SubagentSummary] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
+        self.calls += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                await self.clock.sleep(self.delay)
+        finally:
+            self.in_flight -= 1
+        answer = self.answers.popleft() if self.answers else self.fallback
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
+        return {sid: await self.list_running(sid) for sid in parent_session_ids}
+
+
+def subagent(task_id: int, title: str = "调研卡片") -> SubagentSummary:
+    return SubagentSummary(task_id=task_id, agent_type="explorer", title=title, status="RUNNING", round=1)
+
+
+class Harness:
+    """A started scheduler over a FakeSink and a FakeClock; ``async with`` stops it."""
+
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        rate: RateSettings | None = None,
+        backoff: BackoffPolicy | None = None,
+    ) -> None:
+        self.clock = FakeClock(start=1000.0)
+        self.sink = FakeSink(self.clock, delay)
+        self.metrics = Metrics()
+        self.stopped: list[tuple[str, str]] = []
+        self._next_session = 1
+        self.scheduler = DeliveryScheduler(
+            self.sink,
+            clock=self.clock,
+            rate=rate or RateSettings(),
+            metrics=self.metrics,
+            backoff=backoff,
+            rng=random.Random(7),
+            on_stopped=self._on_stopped,
+        )
+
+    def _on_stopped(self, card: Deliverable, reason: str) -> None:
+        self.stopped.append((card.message_id, reason))
+
+    def card(self, message_id: str = "om_1", subagents: FakeSubagents | None = None) -> LiveCard:
+        self._next_session += 1
+        return LiveCard(
+            CardContext(session_id=self._next_session, message_id=message_id, started_at=self.clock.wall()),
+            clock=self.clock,
+            build_card=build_card,
+            build_degraded_card=build_degraded_card,
+            subagents=subagents,
+            scheduler=self.scheduler,
+        )
+
+    async def __aenter__(self) -> Harness:
+        self.scheduler.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.scheduler.stop()
