@@ -1,0 +1,1 @@
+"""aiohttp edge: card callbacks, the runtime API and the admin endpoints."""
