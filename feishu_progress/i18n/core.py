@@ -10,7 +10,15 @@ from typing import Union
 
 # The nine catalogs of seed 001 §4.7, by Feishu code (Turkish has none: "tr").
 CATALOG_LOCALES: tuple[str, ...] = (
-    "zh_cn", "en_us", "zh_tw", "de_de", "es_es", "fr_fr", "ko_kr", "pt_br", "tr",
+    "zh_cn",
+    "en_us",
+    "zh_tw",
+    "de_de",
+    "es_es",
+    "fr_fr",
+    "ko_kr",
+    "pt_br",
+    "tr",
 )
 DEFAULT_LOCALE = "zh_cn"
 
@@ -27,7 +35,7 @@ class Msg:
 
 
 # Text is either a message to translate or literal text (user content, file names...).
-Text = Union[Msg, str]
+Text = Msg | str
 
 
 class _Formatter(string.Formatter):
@@ -38,7 +46,8 @@ class _Formatter(string.Formatter):
     def format_field(self, value: object, format_spec: str) -> str:
         if isinstance(value, Msg):
             return translate(value, self.locale)
-        return super().format_field(value, format_spec)
+        formatted: str = super().format_field(value, format_spec)
+        return formatted
 
 
 @cache

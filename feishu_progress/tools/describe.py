@@ -1,14 +1,94 @@
-"""Entry point from cards/: turn one ToolCall into its ToolLine.
+"""Entry point from cards/: turn one ToolCall into its ToolLine (summary, state, view or raw result).
 
-PLACEHOLDER generic implementation; the tools/ work replaces it with per-tool summaries.
+Never raises: whatever the runtime reported, the card gets a line (a generic one at worst).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from feishu_progress.domain import ToolCall
-from feishu_progress.tools.types import LineState, ToolLine
+from feishu_progress.i18n import Msg
+from feishu_progress.tools._values import as_mapping, compact_text, get_str, one_line, parse_result
+from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool
+from feishu_progress.tools.lines import failure_of, label
+from feishu_progress.tools.summaries import finished_summary, running_summary
+from feishu_progress.tools.types import LineState, ToolLine, ToolView
+from feishu_progress.tools.views import parse_ask_answers, parse_image_gen, parse_subagent_rows
+
+# Tools whose result is meant for a rich view: when no view can be built, the raw result is shown.
+VIEW_TOOLS = frozenset(
+    {"generate_image", "edit_image", "ask_user_questions", "check_subagent", "wait_subagents"}
+)
+
+
+def _view_for(name: str, args: Any, node: Any) -> ToolView | None:
+    if name in ("generate_image", "edit_image"):
+        return parse_image_gen(node, fallback_prompt=get_str(as_mapping(args), "prompt"))
+    if name == "ask_user_questions":
+        return parse_ask_answers(node)
+    if name in ("check_subagent", "wait_subagents"):
+        return parse_subagent_rows(name, node)
+    return None
+
+
+def _raw(result: Any) -> str | None:
+    text = compact_text(result)
+    return text if text.strip() else None
+
+
+def _describe_finished(call: ToolCall, name: str) -> ToolLine:
+    args = as_mapping(call.args)
+    node = parse_result(call.result)
+    summary = finished_summary(name, args, node)
+    failed = failure_of(node) is not None
+    view = None if failed else _view_for(name, args, node)
+    wants_raw = summary.show_raw or (name in VIEW_TOOLS and not failed and node is not None)
+    raw = _raw(call.result) if view is None and wants_raw else None
+    return ToolLine(call.call_id, name, summary.text, summary.state, view=view, raw_result=raw)
+
+
+def _describe_asktool(call: ToolCall, name: str) -> ToolLine:
+    view = parse_asktool(call.args, call.result if call.finished else None)
+    if view is None or (call.finished and view.pending):
+        # Seed 001 A-5: anything we cannot read with certainty falls back to the plain tool line.
+        return _describe_plain(call, name)
+    state = LineState.OK if call.finished else LineState.RUNNING
+    return ToolLine(call.call_id, name, asktool_line(view), state, view=view)
+
+
+def _describe_plain(call: ToolCall, name: str) -> ToolLine:
+    if call.finished:
+        return _describe_finished(call, name)
+    return ToolLine(call.call_id, name, running_summary(name, as_mapping(call.args)), LineState.RUNNING)
+
+
+def _fallback(call: Any) -> ToolLine:
+    """The line of last resort: the tool's name, and the result as text."""
+    name = getattr(call, "name", "")
+    name = name if isinstance(name, str) else ""
+    finished = getattr(call, "finished", False) is True
+    call_id = getattr(call, "call_id", "")
+    return ToolLine(
+        call_id=call_id if isinstance(call_id, str) else "",
+        name=name,
+        summary=label(Msg("tool.generic", {"name": one_line(name) or "?"})),
+        state=LineState.OK if finished else LineState.RUNNING,
+        raw_result=_raw(getattr(call, "result", None)) if finished else None,
+    )
+
+
+def describe_strictly(call: ToolCall) -> ToolLine:
+    """``describe_tool_call`` without the safety net (tests prove no input needs the net)."""
+    name = call.name if isinstance(call.name, str) else ""
+    if is_asktool_name(name):
+        return _describe_asktool(call, name)
+    return _describe_plain(call, name)
 
 
 def describe_tool_call(call: ToolCall) -> ToolLine:
-    state = LineState.OK if call.finished else LineState.RUNNING
-    return ToolLine(call_id=call.call_id, name=call.name, summary=call.name, state=state)
+    """One line of 本轮工具 for ``call``: running → input preview; finished → summary + view/raw result."""
+    try:
+        return describe_strictly(call)
+    except Exception:  # a pure room cannot log; the raw result keeps the information on the card
+        return _fallback(call)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Union
 
 from feishu_progress.domain import AskQuestion
 from feishu_progress.i18n import Text
@@ -109,7 +108,7 @@ class AskToolView:
     answered: int
 
 
-ToolView = Union[ImageGridView, AskAnswersView, SubagentRowsView, AskToolView]
+ToolView = ImageGridView | AskAnswersView | SubagentRowsView | AskToolView
 
 
 @dataclass(frozen=True, slots=True)

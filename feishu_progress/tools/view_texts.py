@@ -1,0 +1,76 @@
+"""Catalog texts for the rich views, so cards/ never assembles keys or plural forms itself."""
+
+from __future__ import annotations
+
+from feishu_progress.i18n import Msg, Text
+from feishu_progress.tools.summaries import wait_summary_msg
+from feishu_progress.tools.types import ImageGridView, SubagentRow
+
+# D1: the grid shows at most 9 images (3×3).
+IMAGE_GRID_LIMIT = 9
+_KIB = 1024
+_STATUS_WORDS = ("RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED")
+
+__all__ = [
+    "IMAGE_GRID_LIMIT",
+    "format_image_bytes",
+    "image_footer",
+    "image_hidden",
+    "mime_tag",
+    "subagent_stats",
+    "subagent_status_text",
+    "wait_summary_msg",
+]
+
+
+def image_hidden(view: ImageGridView, limit: int = IMAGE_GRID_LIMIT) -> Msg | None:
+    """``共 N 张,其余 N-9 张略`` when the grid cannot show every image."""
+    total = len(view.items)
+    if total <= limit:
+        return None
+    return Msg("view.image.more", {"total": total, "hidden": total - limit})
+
+
+def image_footer(view: ImageGridView) -> Msg:
+    """``N 张图 · model · size`` (model and size only when the result names them)."""
+    details = " · ".join(part for part in (view.model, view.size) if part)
+    if not details:
+        return Msg("view.image.count", {"count": len(view.items)})
+    return Msg("view.image.footer", {"count": len(view.items), "details": details})
+
+
+def format_image_bytes(size: int | None) -> str:
+    """B / KB / MB, rounded down like the backend's formatFileSize; "" when unknown."""
+    if size is None or size < 0:
+        return ""
+    if size < _KIB:
+        return f"{size} B"
+    if size < _KIB * _KIB:
+        return f"{size // _KIB} KB"
+    return f"{size // (_KIB * _KIB)} MB"
+
+
+def mime_tag(mime: str | None) -> str:
+    """``image/png`` → ``PNG``; "" when there is no usable subtype."""
+    if not mime or "/" not in mime:
+        return ""
+    return mime.rsplit("/", 1)[-1].split(";", 1)[0].strip().upper()[:8]
+
+
+def subagent_stats(row: SubagentRow) -> tuple[Msg, ...]:
+    """The parts of ``N 轮 / M 次工具 / X+Y tok`` that the row reports (cards/ joins them with " / ")."""
+    parts: list[Msg] = []
+    if row.rounds is not None:
+        parts.append(Msg("view.subagents.rounds", {"n": row.rounds}))
+    if row.tool_calls is not None:
+        parts.append(Msg("view.subagents.tools", {"n": row.tool_calls}))
+    if row.prompt_tokens is not None or row.completion_tokens is not None:
+        tokens = {"prompt": row.prompt_tokens or 0, "completion": row.completion_tokens or 0}
+        parts.append(Msg("view.subagents.tokens", tokens))
+    return tuple(parts)
+
+
+def subagent_status_text(row: SubagentRow) -> Text:
+    """The localized status word for known statuses, else the status as the tool reported it."""
+    upper = row.status.upper()
+    return Msg(f"view.subagents.status.{upper}") if upper in _STATUS_WORDS else row.status

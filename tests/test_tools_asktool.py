@@ -1,0 +1,159 @@
+"""asktool answer summary (seed 001 §4.1 rules 1-6, A-3 headline, §4.8 cases T1-T7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from feishu_progress.domain import AskOption, ToolCall
+from feishu_progress.i18n import translate
+from feishu_progress.tools.asktool import (
+    asktool_headline,
+    is_asktool_name,
+    is_custom_answer,
+    parse_asktool,
+    parse_questions,
+)
+from feishu_progress.tools.describe import describe_tool_call
+from feishu_progress.tools.types import AskToolHeadline, AskToolView, LineState
+
+ARGS = {
+    "questions": [
+        {
+            "question": "你希望我优先优化哪一部分？",
+            "options": [{"label": "转录列表性能", "description": "滚动"}, "工具行视觉"],
+        },
+        {
+            "question": "验收时想看到哪些内容？",
+            "options": ["本地 demo 预览", "截图对比", "单测"],
+            "multiSelect": True,
+        },
+    ]
+}
+
+
+def _view(args: Any, result: Any) -> AskToolView:
+    view = parse_asktool(args, result)
+    assert view is not None
+    return view
+
+
+def test_t1_all_answered_with_a_custom_answer() -> None:
+    text = "你希望我优先优化哪一部分？：我自己写的答案\n---\n验收时想看到哪些内容？：本地 demo 预览、截图对比"
+    view = _view(ARGS, text)
+    assert len(view.questions) == 2
+    assert view.answers == (("我自己写的答案",), ("本地 demo 预览", "截图对比"))
+    assert (view.headline, view.answered, view.pending) == (AskToolHeadline.ANSWERED, 2, False)
+    assert is_custom_answer(view.questions[0], "我自己写的答案")
+    assert not is_custom_answer(view.questions[1], "截图对比")
+    assert translate(asktool_headline(view)) == "2 个问题 · 已作答 2 / 2"
+
+
+def test_t2_second_question_skipped() -> None:
+    view = _view(ARGS, "你希望我优先优化哪一部分？：工具行视觉\n---\n验收时想看到哪些内容？：")
+    assert view.answers == (("工具行视觉",), None)
+    assert (view.headline, view.answered) == (AskToolHeadline.ANSWERED, 1)
+    assert translate(asktool_headline(view)) == "2 个问题 · 已作答 1 / 2"
+
+
+def test_t3_whole_ask_declined() -> None:
+    view = _view(ARGS, "你希望我优先优化哪一部分？：\n---\n验收时想看到哪些内容？：")
+    assert view.answers == (None, None)
+    assert (view.headline, view.answered, view.pending) == (AskToolHeadline.UNANSWERED, 0, False)
+    assert translate(asktool_headline(view)) == "2 个问题 · 未作答"
+
+
+def test_t4_full_width_colon_inside_the_question() -> None:
+    args = {"questions": [{"question": "选择：哪个环境？", "options": ["测试", "生产"]}]}
+    view = _view(args, "选择：哪个环境？：生产")
+    assert view.answers == (("生产",),)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        "你希望我优先优化哪一部分？：工具行视觉",  # truncated: second question missing
+        "完全对不上的文本",
+        # an ASCII colon is not the format
+        "你希望我优先优化哪一部分？:工具行视觉\n---\n验收时想看到哪些内容？:单测",
+    ],
+)
+def test_t5_truncated_or_mismatched_text_falls_back(result: str) -> None:
+    assert parse_asktool(ARGS, result) is None
+    line = describe_tool_call(ToolCall("c", "asktool", ARGS, result, finished=True))
+    assert line.view is None
+    assert line.raw_result == result  # never silently drop text
+    assert translate(line.summary) == "调用 asktool"
+
+
+@pytest.mark.parametrize(
+    "name", ["Read", "plugin:other", "plugin:asktool", "plugin_asktool", "asktool2", "", "ASKTOOL"]
+)
+def test_t6_other_tool_names_do_not_match(name: str) -> None:
+    assert not is_asktool_name(name)
+
+
+@pytest.mark.parametrize("name", ["asktool", "functions.asktool", "mcp__pi__asktool", " asktool "])
+def test_provider_prefixed_asktool_matches(name: str) -> None:
+    assert is_asktool_name(name)
+
+
+def test_t7_running_with_complete_questions_is_pending() -> None:
+    view = _view(ARGS, None)
+    assert view.pending
+    assert view.answers == (None, None)
+    assert view.headline is AskToolHeadline.PENDING
+    assert translate(asktool_headline(view)) == "2 个问题 · 等待回答"
+    line = describe_tool_call(ToolCall("c", "asktool", ARGS, None, finished=False))
+    assert line.state is LineState.RUNNING
+    assert translate(line.summary) == "提问 · 2 个问题 · 等待回答"
+    assert line.view == view
+
+
+def test_crlf_and_envelope_result() -> None:
+    text = "你希望我优先优化哪一部分？：工具行视觉\r\n---\r\n验收时想看到哪些内容？：单测"
+    assert _view(ARGS, {"content": text, "details": {}}).answers == (("工具行视觉",), ("单测",))
+    parts = {"content": [{"type": "text", "text": text}]}
+    assert _view(ARGS, parts).answered == 2
+
+
+def test_segments_may_come_in_any_order() -> None:
+    text = "验收时想看到哪些内容？：单测\n---\n你希望我优先优化哪一部分？：工具行视觉"
+    assert _view(ARGS, text).answers == (("工具行视觉",), ("单测",))
+
+
+def test_options_are_normalised_and_illegal_items_dropped() -> None:
+    args = {
+        "questions": [
+            {
+                "question": "Q1",
+                "options": ["a", {"label": "b", "description": "d"}, {"label": ""}, 3, None, "  "],
+            },
+            {"question": "", "options": ["x"]},
+            "not a question",
+            {"question": "Q2"},
+        ]
+    }
+    questions = parse_questions(args)
+    assert [q.question for q in questions] == ["Q1", "Q2"]
+    assert questions[0].options == (AskOption("a"), AskOption("b", "d"))
+    assert questions[0].multi_select is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [None, {}, {"questions": []}, {"questions": "x"}, {"questions": [{"question": ""}]}, '{"questions": ['],
+)
+def test_no_valid_question_is_none(args: Any) -> None:
+    assert parse_asktool(args, "anything") is None
+
+
+def test_finished_line_and_english_singular() -> None:
+    args = {"questions": [{"question": "Go?", "options": ["yes", "no"]}]}
+    line = describe_tool_call(ToolCall("c", "asktool", args, "Go?：yes", finished=True))
+    assert line.state is LineState.OK
+    assert isinstance(line.view, AskToolView)
+    assert translate(line.summary) == "提问 · 1 个问题 · 已作答 1 / 1"
+    assert translate(line.summary, "en_us") == "Asked · 1 question · answered 1 / 1"
+    assert line.raw_result is None
