@@ -1,0 +1,186 @@
+"""build_progress_card / build_degraded_card: a CardModel in, Feishu card JSON 2.0 out. Pure.
+
+Order of the body (seed 002 §10.2): status line · notice · waiting hint · content · error ·
+subagents (RUNNING only) · 本轮工具 · hr + forms + approvals · button row.
+
+Budget (see budget.py): the card is assembled without the streamed content at the most generous
+``Limits`` level that leaves room under the target, then the content takes the bytes left over,
+cut with a visible marker. If even the smallest level does not fit, the degraded card is returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from feishu_progress.cards.budget import (
+    LEVELS,
+    MAX_CONTENT_SCAN,
+    MIN_CONTENT_BYTES,
+    TARGET_BYTES,
+    Limits,
+    fits,
+    json_bytes,
+    longest_prefix,
+)
+from feishu_progress.cards.escape import close_open_fence, escape_markdown, plain_text
+from feishu_progress.cards.form import action_buttons, interactive_sections
+from feishu_progress.cards.sections import (
+    error_section,
+    notice_line,
+    state_word,
+    status_line,
+    status_parts,
+    subagent_section,
+    tools_section,
+    waiting_hint,
+)
+from feishu_progress.cards.text import Langs, msg, plain
+from feishu_progress.domain import CardModel, TaskStatus
+from feishu_progress.i18n import DEFAULT_LOCALE, Text
+
+HEADER_TEMPLATES = {
+    TaskStatus.RUNNING: "blue",
+    TaskStatus.WAITING: "orange",
+    TaskStatus.COMPLETED: "green",
+    TaskStatus.FAILED: "red",
+    TaskStatus.CANCELLED: "grey",
+    TaskStatus.LOST: "grey",
+}
+TAG_COLOURS = {**HEADER_TEMPLATES, TaskStatus.CANCELLED: "neutral", TaskStatus.LOST: "neutral"}
+DEGRADED_TITLE_CHARS = 100
+# A content element plus its (localised) truncation marker, beyond the content text itself.
+CONTENT_OVERHEAD_BYTES = 64
+MARKER_RESERVE_BYTES = 1024
+
+
+def build_progress_card(model: CardModel) -> dict[str, Any]:
+    """The full progress card, always within Feishu's size, element and nesting limits."""
+    langs = _langs(model)
+    content = _content_source(model)
+    reserve = (
+        min(json_bytes(escape_markdown(content[:MIN_CONTENT_BYTES])), MIN_CONTENT_BYTES) if content else 0
+    )
+    reserve += MARKER_RESERVE_BYTES if content else 0
+    fitting = _most_generous_fit(model, langs, reserve)
+    if fitting is None:
+        return build_degraded_card(model)
+    card, slot = fitting
+    if content:
+        available = TARGET_BYTES - json_bytes(card) - CONTENT_OVERHEAD_BYTES
+        card["body"]["elements"][slot:slot] = _content_elements(content, len(model.content), available, langs)
+    elif _is_first_card(model):
+        card["body"]["elements"].insert(slot, langs.md_msg(msg("card.accepted")))
+    return card
+
+
+def _most_generous_fit(model: CardModel, langs: Langs, reserve: int) -> tuple[dict[str, Any], int] | None:
+    """The first level whose card fits: level 0 (the usual case), else a binary search of the rest."""
+    card, slot = _assemble(model, langs, LEVELS[0])
+    if fits(card, reserve):
+        return card, slot
+    low, high = 1, len(LEVELS)  # levels only ever shrink: the answer is in [low, high], high = none
+    best: tuple[dict[str, Any], int] | None = None
+    while low < high:
+        middle = (low + high) // 2
+        card, slot = _assemble(model, langs, LEVELS[middle])
+        if fits(card, reserve):
+            best, high = (card, slot), middle
+        else:
+            low = middle + 1
+    return best
+
+
+def build_degraded_card(model: CardModel) -> dict[str, Any]:
+    """A minimal card for when Feishu refuses the full one: title, state, round, elapsed time."""
+    langs = _langs(model)
+    elements = [
+        status_line(model, langs),
+        langs.md_msg(msg("card.degraded.details")),
+        action_buttons(model, langs),
+    ]
+    return _card(model, langs, DEGRADED_TITLE_CHARS, elements)
+
+
+def _assemble(model: CardModel, langs: Langs, limits: Limits) -> tuple[dict[str, Any], int]:
+    """The card without its streamed content, and the body index where the content goes."""
+    before = [status_line(model, langs), *notice_line(model, langs), *waiting_hint(model, langs)]
+    after = [
+        *error_section(model, limits, langs),
+        *subagent_section(model, langs),
+        *tools_section(model.tools, limits, langs, model.image_keys),
+        *interactive_sections(model, limits, langs),
+        action_buttons(model, langs),
+    ]
+    return _card(model, langs, limits.title_chars, before + after), len(before)
+
+
+def _card(model: CardModel, langs: Langs, title_chars: int, elements: list[dict[str, Any]]) -> dict[str, Any]:
+    config: dict[str, Any] = {"update_multi": True, "summary": _summary(model, langs)}
+    if langs.config_locales:
+        config["locales"] = langs.config_locales
+    return {
+        "schema": "2.0",
+        "config": config,
+        "header": _header(model, langs, title_chars),
+        "body": {"elements": elements},
+    }
+
+
+def _langs(model: CardModel) -> Langs:
+    return Langs(tuple(model.locales) or (DEFAULT_LOCALE,))
+
+
+def _header(model: CardModel, langs: Langs, title_chars: int) -> dict[str, Any]:
+    title: Text = plain_text(model.title[: title_chars * 2]).strip()[:title_chars] or msg(
+        "card.title.default"
+    )
+    state_tag = {
+        "tag": "text_tag",
+        "text": langs.plain_msg(state_word(model.status)),
+        "color": TAG_COLOURS[model.status],
+    }
+    return {
+        "title": langs.plain_msg(title),
+        "template": HEADER_TEMPLATES[model.status],
+        "text_tag_list": [state_tag],
+    }
+
+
+def _summary(model: CardModel, langs: Langs) -> dict[str, Any]:
+    parts: list[Text] = [state_word(model.status)]
+    if model.round > 0:
+        parts.append(msg("card.round", round=model.round))
+    return langs.fields(lambda locale: " · ".join(plain(part, locale) for part in parts))
+
+
+def _is_first_card(model: CardModel) -> bool:
+    return model.status is TaskStatus.RUNNING and model.round == 0 and not model.tools
+
+
+def _content_source(model: CardModel) -> str:
+    if not model.content.strip():
+        return ""
+    # More than this can never fit in 30 KB: never escape or measure a megabyte per build.
+    return model.content[:MAX_CONTENT_SCAN]
+
+
+def _render_content(text: str) -> str:
+    return close_open_fence(escape_markdown(text))
+
+
+def _content_elements(
+    content: str, original_chars: int, available: int, langs: Langs
+) -> list[dict[str, Any]]:
+    """The content markdown, cut to ``available`` bytes, and a marker element when it was cut."""
+    if len(content) == original_chars and json_bytes(_render_content(content)) <= available:
+        return [{"tag": "markdown", "content": _render_content(content)}]
+    budget = max(0, available - MARKER_RESERVE_BYTES)
+    # Every character costs at least one byte: no prefix longer than the budget can fit.
+    shown = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
+    dropped = original_chars - shown
+    elements = [{"tag": "markdown", "content": _render_content(content[:shown]).rstrip() or "…"}]
+    elements.append(langs.md_msg(msg("card.truncated", count=dropped)))
+    return elements
+
+
+__all__ = ["build_degraded_card", "build_progress_card", "status_parts"]

@@ -1,0 +1,134 @@
+"""Make untrusted text safe for Feishu card markdown.
+
+Two strengths, chosen by where the text lands:
+
+* ``escape_inline`` — for one-line text inside our own markdown (tool lines, titles, labels,
+  paths, prompts). Every markdown special and every ``<`` / ``&`` becomes a numeric HTML entity
+  (``&#42;`` style, reference/feishu-platform.md §1), newlines become spaces: the text renders
+  exactly as typed and can never open a tag (``<at>``, ``<font>``, ``<a>`` ...), a link, an image,
+  emphasis, a list or a heading.
+* ``escape_markdown`` — for the agent's streamed content, which is markdown we *want* rendered
+  (bold, lists, code, quotes, links). Only the dangerous parts are neutralised: every ``<`` becomes
+  ``&#60;`` (so no HTML-like tag, ``<at id=all>`` in any casing/spacing included, can ever be
+  live), an ``&`` that starts an entity becomes ``&#38;`` (so ``&#60;at`` cannot be smuggled in),
+  images (``![x](key)`` — a bad key makes Feishu refuse the whole card) and non-http(s) links are
+  defused, h1–h3 are demoted to h4 and only the first four tables stay tables (Feishu refuses a
+  markdown element with more). Control characters are dropped.
+
+Plain-text fields (``plain_text`` titles, buttons, options) are not markdown: Feishu shows them
+literally, so ``plain_text`` never entity-escapes. It still turns a tag-like ``<`` into the
+full-width ``＜`` so that no client, whatever it does with plain text, can ever see ``<at ...>``.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_MARKDOWN_TABLES = 4
+
+_INLINE_ENTITIES = {
+    "&": "&#38;",
+    "<": "&#60;",
+    ">": "&#62;",
+    "*": "&#42;",
+    "_": "&#95;",
+    "~": "&#126;",
+    "`": "&#96;",
+    "[": "&#91;",
+    "]": "&#93;",
+    "#": "&#35;",
+    "\\": "&#92;",
+    "-": "&#45;",
+    "|": "&#124;",
+    "!": "&#33;",
+    "$": "&#36;",
+}
+# "&" and "#" appear inside the entities themselves: they go through a placeholder (a NUL, which
+# callers have already stripped as a control character) so no entity is ever escaped twice.
+_PLACEHOLDERS = (("&", "\x00A"), ("#", "\x00H"))
+_DIRECT = tuple((char, entity) for char, entity in _INLINE_ENTITIES.items() if char not in "&#")
+_RESTORE = (("\x00A", "&#38;"), ("\x00H", "&#35;"))
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u2028\u2029\ufeff]")
+_CONTROL_AND_NEWLINES = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\ufeff]+")
+_SPACES = re.compile(r"\s+")
+_ENTITY_START = re.compile(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)")
+_IMAGE = re.compile(r"!\[")
+_NON_HTTP_LINK = re.compile(r"\[([^\[\]\n]*)\]\((?!\s*https?://)", re.IGNORECASE)
+_HEADING = re.compile(r"^( {0,3})#{1,3}(?=\s)", re.MULTILINE)
+_TABLE_DELIMITER = re.compile(
+    r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$|^[ \t]*\|[ \t]*:?-+:?[ \t]*\|?[ \t]*$"
+)
+_TAG_OPEN = re.compile(r"<(?=\s*/?\s*[A-Za-z!?])")
+_TITLE_SPECIALS = re.compile(r"[*_~`\[\]<>|\\]")
+
+
+def plain_text(text: str) -> str:
+    """Text for a plain_text field: control characters become spaces, a tag-like ``<`` becomes ``＜``."""
+    return _TAG_OPEN.sub("＜", _CONTROL_AND_NEWLINES.sub(" ", text))
+
+
+def escape_inline(text: str) -> str:
+    """One line of untrusted text, rendered literally inside markdown."""
+    flat = _SPACES.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text)).strip()
+    return _entities(flat)
+
+
+def _entities(text: str) -> str:
+    # A chain of str.replace runs in C and beats str.translate's per-character dict lookups.
+    for char, entity in (*_PLACEHOLDERS, *_DIRECT, *_RESTORE):
+        if char in text:
+            text = text.replace(char, entity)
+    return text
+
+
+def escape_block(text: str) -> str:
+    """Multi-line untrusted text rendered literally, line breaks kept (results, outputs, answers)."""
+    return _entities(_CONTROL.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n")))
+
+
+def sanitize_inline_title(text: str) -> str:
+    """Seed 002 sanitizeInlineTitle: control chars and ``* _ ~ ` [ ] < > | \\`` become spaces."""
+    cleaned = _TITLE_SPECIALS.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text))
+    return _SPACES.sub(" ", cleaned).strip()
+
+
+def escape_markdown(text: str) -> str:
+    """Streamed agent markdown: rendered, but with no live tag, image, odd link or oversized part."""
+    text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = _ENTITY_START.sub("&#38;", text)
+    text = text.replace("<", "&#60;")
+    text = _IMAGE.sub("!&#91;", text)
+    text = _NON_HTTP_LINK.sub(lambda match: "&#91;" + match.group(1) + "&#93;(", text)
+    text = _HEADING.sub(r"\1####", text)
+    return _limit_tables(text)
+
+
+def _limit_tables(text: str) -> str:
+    if "-" not in text or "|" not in text:
+        return text
+    lines = text.split("\n")
+    tables = 0
+    for index, line in enumerate(lines):
+        if _TABLE_DELIMITER.match(line):
+            tables += 1
+            if tables > MAX_MARKDOWN_TABLES:
+                # A delimiter row without "-" is no delimiter: the table renders as text lines.
+                lines[index] = line.replace("-", "&#45;")
+    return "\n".join(lines)
+
+
+def close_open_fence(markdown: str) -> str:
+    """Close a code fence left open by a cut, so the text after it is not swallowed into code."""
+    fences = sum(1 for line in markdown.split("\n") if line.lstrip().startswith("```"))
+    return markdown + "\n```" if fences % 2 else markdown
+
+
+def safe_cut(escaped: str, length: int) -> str:
+    """Cut escaped text at ``length`` characters without splitting a ``&#NN;`` entity."""
+    if length >= len(escaped):
+        return escaped
+    cut = escaped[:length]
+    amp = cut.rfind("&")
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut

@@ -1,0 +1,285 @@
+"""Rich views under a tool line: image grid, answers, subagent rows, asktool summary, raw result.
+
+Each renderer returns the elements that go inside the tool's collapsible panel. They never hold an
+interactive element, never show raw JSON, and cut long text only with a visible marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from feishu_progress.cards.budget import Limits
+from feishu_progress.cards.escape import escape_block, escape_inline
+from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.domain import AskQuestion
+from feishu_progress.tools.types import (
+    AskAnswersView,
+    AskToolView,
+    ImageGridView,
+    ImageItem,
+    StatusKind,
+    SubagentRow,
+    SubagentRowsView,
+    ToolView,
+)
+from feishu_progress.tools.view_texts import (
+    format_image_bytes,
+    image_footer,
+    image_hidden,
+    mime_tag,
+    subagent_stats,
+    subagent_status_text,
+    wait_summary_msg,
+)
+
+MAX_GRID_IMAGES = 9
+PROMPT_CHARS = 300
+MAX_OPTIONS_LISTED = 100  # seed 001 shows every option; past this the budget would cut the card anyway
+
+_STATUS_COLOURS = {
+    StatusKind.RUNNING: "blue",
+    StatusKind.OK: "green",
+    StatusKind.FAIL: "red",
+    StatusKind.MUTED: "neutral",
+}
+
+
+def render_view(
+    view: ToolView, limits: Limits, langs: Langs, image_keys: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The panel elements of one rich view."""
+    if isinstance(view, ImageGridView):
+        return image_grid(view, limits, langs, image_keys)
+    if isinstance(view, AskAnswersView):
+        return ask_answers(view, limits, langs)
+    if isinstance(view, SubagentRowsView):
+        return subagent_rows(view, limits, langs)
+    return asktool_summary(view, limits, langs)
+
+
+def raw_result(text: str, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """A result the tools room could not turn into a view, shown as literal text."""
+    return [langs.markdown(block_render(text, limits.view_chars))]
+
+
+def block_render(text: str, limit: int) -> Callable[[str], str]:
+    """``block`` for every locale, escaping the text only once."""
+    shown = text[:limit]
+    escaped = escape_block(shown)
+    dropped = len(text) - len(shown)
+    if not dropped:
+        return lambda _locale: escaped
+    return lambda locale: escaped + "\n" + md_text(msg("card.truncated", count=dropped), locale)
+
+
+def block(text: str, limit: int, locale: str) -> str:
+    """Untrusted multi-line text, escaped, cut to ``limit`` characters with a visible marker."""
+    return block_render(text, limit)(locale)
+
+
+def inline(text: str, limit: int, locale: str) -> str:
+    """Untrusted one-line text, escaped, cut to ``limit`` characters with a visible marker."""
+    if len(text) <= limit:
+        return escape_inline(text)
+    marker = md_text(msg("card.truncated", count=len(text) - limit), locale)
+    return escape_inline(text[:limit]) + " " + marker
+
+
+def _more(count: int, locale: str) -> str:
+    return md_text(msg("card.more_items", count=count), locale)
+
+
+# -- image grid -------------------------------------------------------------------------------
+
+
+def image_grid(
+    view: ImageGridView, limits: Limits, langs: Langs, image_keys: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Up to 9 images as an img / img_combination, then sizes, unreachable ones and a footer."""
+    shown = view.items[: min(MAX_GRID_IMAGES, limits.images)]
+    keys = [key for item in shown if (key := _image_key(item, image_keys))]
+    elements: list[dict[str, Any]] = []
+    if view.prompt:
+        elements.append(langs.markdown(partial(_prompt_line, view.prompt)))
+    if keys:
+        elements.append(_image_element(keys))
+    elements.append(langs.markdown(lambda locale: _image_notes(view, shown, image_keys, locale)))
+    return elements
+
+
+def _prompt_line(prompt: str, locale: str) -> str:
+    return f"{md_text(msg('view.image.prompt'), locale)}: {inline(prompt, PROMPT_CHARS, locale)}"
+
+
+def _image_key(item: ImageItem, image_keys: Mapping[str, str]) -> str | None:
+    for ref in (item.path, item.url):
+        if ref and image_keys.get(ref):
+            return image_keys[ref]
+    return None
+
+
+def _image_element(keys: list[str]) -> dict[str, Any]:
+    if len(keys) == 1:
+        return {"tag": "img", "img_key": keys[0]}
+    mode = "double" if len(keys) == 2 else "triple" if len(keys) == 3 else "bisect"
+    if len(keys) > 6:
+        mode = "trisect"
+    return {"tag": "img_combination", "combination_mode": mode, "img_list": [{"img_key": k} for k in keys]}
+
+
+def _image_notes(
+    view: ImageGridView, shown: tuple[ImageItem, ...], image_keys: Mapping[str, str], locale: str
+) -> str:
+    lines = []
+    for number, item in enumerate(shown, start=1):
+        facts = [
+            escape_inline(fact) for fact in (mime_tag(item.mime), format_image_bytes(item.size_bytes)) if fact
+        ]
+        line = f"{number}. " + " · ".join(facts) if facts else f"{number}."
+        if _image_key(item, image_keys) is None:
+            where = item.path or item.url or ""
+            unreachable = md_text(msg("view.image.unreachable"), locale)
+            line = f"{line} {unreachable}: {inline(where, 300, locale)}"
+        lines.append(line)
+    hidden = image_hidden(view, limit=len(shown))
+    if hidden is not None:
+        lines.append(md_text(hidden, locale))
+    lines.append(md_text(cap_params(image_footer(view), 80), locale))
+    return "\n".join(lines)
+
+
+# -- ask answers (ask_user_questions result) ---------------------------------------------------
+
+
+def ask_answers(view: AskAnswersView, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """Question, chosen labels as tags, typed answer as a quote."""
+    return [langs.markdown(lambda locale: _answers_text(view, limits, locale))]
+
+
+def _answers_text(view: AskAnswersView, limits: Limits, locale: str) -> str:
+    parts = []
+    for answer in view.answers[: limits.view_items]:
+        lines = [f"**{inline(answer.question, limits.view_chars, locale)}**"]
+        if answer.labels:
+            lines.append(" ".join(_tag(label[:100], "blue") for label in answer.labels))
+        if answer.custom_input:
+            quoted = block(answer.custom_input, limits.view_chars, locale)
+            lines.extend("> " + line for line in quoted.split("\n"))
+        parts.append("\n".join(lines))
+    hidden = len(view.answers) - min(len(view.answers), limits.view_items)
+    if hidden > 0:
+        parts.append(_more(hidden, locale))
+    return "\n\n".join(parts)
+
+
+def _tag(text: str, colour: str) -> str:
+    return f"<text_tag color='{colour}'>{escape_inline(text)}</text_tag>"
+
+
+# -- subagent rows (check_subagent / wait_subagents) -------------------------------------------
+
+
+def subagent_rows(view: SubagentRowsView, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """One line per subagent; its recent output in a nested collapsed panel."""
+    elements: list[dict[str, Any]] = []
+    rows = view.rows[: limits.view_items]
+    for row in rows:
+        elements.append(langs.markdown(partial(_row_line, row)))
+        if row.recent_output.strip():
+            title = langs.md_msg(msg("view.subagents.recentOutput"))
+            body = [langs.markdown(block_render(row.recent_output, limits.view_chars))]
+            elements.append(collapsed_panel(title, body))
+    hidden = len(view.rows) - len(rows)
+    if hidden > 0 or view.wait is not None:
+        elements.append(langs.markdown(lambda locale: _rows_footer(view, hidden, locale)))
+    return elements
+
+
+def _row_line(row: SubagentRow, locale: str) -> str:
+    head = [f"#{escape_inline(row.task_id[:40])}" if row.task_id else "#?"]
+    if row.agent_type:
+        head.append(escape_inline(row.agent_type[:40]))
+    status = md_text(cap_params(subagent_status_text(row), 40), locale) or "?"
+    head.append(f"<text_tag color='{_STATUS_COLOURS.get(row.status_kind, 'neutral')}'>{status}</text_tag>")
+    stats = [md_text(part, locale) for part in subagent_stats(row)]
+    if stats:
+        head.append(" / ".join(stats))
+    return " · ".join(head)
+
+
+def _rows_footer(view: SubagentRowsView, hidden: int, locale: str) -> str:
+    lines = [_more(hidden, locale)] if hidden > 0 else []
+    if view.wait is not None:
+        lines.append(md_text(wait_summary_msg(view.wait), locale))
+    return "\n".join(lines)
+
+
+# -- asktool answer summary (seed 001) ---------------------------------------------------------
+
+
+def asktool_summary(view: AskToolView, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """Per question: number, question, answers ✓, every option with the chosen ones marked."""
+    return [langs.markdown(lambda locale: _asktool_text(view, limits, locale))]
+
+
+def _asktool_text(view: AskToolView, limits: Limits, locale: str) -> str:
+    declined = not view.pending and all(answer is None for answer in view.answers)
+    none_key = "view.asktool.answerPending" if view.pending else "view.asktool.answerSkipped"
+    if declined:
+        none_key = "view.asktool.answerDeclined"
+    shown = view.questions[: limits.view_items]
+    parts = []
+    for number, question in enumerate(shown, start=1):
+        answer = view.answers[number - 1] if number - 1 < len(view.answers) else None
+        parts.append(
+            _asktool_question(number, question, answer, none_key=none_key, limits=limits, locale=locale)
+        )
+    hidden = len(view.questions) - len(shown)
+    if hidden > 0:
+        parts.append(_more(hidden, locale))
+    return "\n\n".join(parts)
+
+
+def _asktool_question(
+    number: int,
+    question: AskQuestion,
+    answer: tuple[str, ...] | None,
+    *,
+    none_key: str,
+    limits: Limits,
+    locale: str,
+) -> str:
+    kind = "view.asktool.kindMulti" if question.multi_select else "view.asktool.kindSingle"
+    lines = [
+        f"**{number}.** {inline(question.question, limits.view_chars, locale)} · {md_text(msg(kind), locale)}"
+    ]
+    labels = [option.label for option in question.options]
+    if answer is None:
+        lines.append(md_text(msg(none_key), locale))
+    else:
+        chosen = "、".join(inline(value, limits.view_chars, locale) for value in answer)
+        lines.append(f"✓ {chosen}")
+        typed = [value for value in answer if value not in labels]
+        custom = md_text(msg("view.asktool.answerCustom"), locale)
+        lines.extend(f"✎ {custom}: {inline(value, limits.view_chars, locale)}" for value in typed)
+    chosen_set = set(answer or ())
+    for label in labels[:MAX_OPTIONS_LISTED]:
+        mark = "☑" if label in chosen_set else "☐"
+        text = inline(label, limits.view_chars, locale)
+        lines.append(f"{mark} **{text}**" if label in chosen_set else f"{mark} {text}")
+    if len(labels) > MAX_OPTIONS_LISTED:
+        lines.append(_more(len(labels) - MAX_OPTIONS_LISTED, locale))
+    return "\n".join(lines)
+
+
+def collapsed_panel(title: dict[str, Any], elements: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collapsed collapsible_panel whose header is the given markdown/plain_text title object."""
+    header_title = {key: value for key, value in title.items() if key != "tag"}
+    return {
+        "tag": "collapsible_panel",
+        "expanded": False,
+        "header": {"title": {"tag": "markdown", **header_title}},
+        "elements": elements,
+    }
