@@ -14,8 +14,15 @@ class ConfigError(FeishuProgressError):
 class FeishuAPIError(FeishuProgressError):
     """A Feishu Open API call answered with a non-zero ``code`` or a non-2xx status."""
 
-    def __init__(self, code: int, msg: str, *, http_status: int = 200, log_id: str = "",
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        code: int,
+        msg: str,
+        *,
+        http_status: int = 200,
+        log_id: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"Feishu API error {code}: {msg}" + (f" (log_id {log_id})" if log_id else ""))
         self.code = code
         self.msg = msg

@@ -50,7 +50,9 @@ class SubagentSource(Protocol):
 
     async def list_running(self, parent_session_id: int) -> list[SubagentSummary]: ...
 
-    async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]: ...
+    async def list_running_many(
+        self, parent_session_ids: Iterable[int]
+    ) -> dict[int, list[SubagentSummary]]: ...
 
 
 class ImageUploader(Protocol):

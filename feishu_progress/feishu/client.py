@@ -1,0 +1,295 @@
+"""Feishu Open API client on one shared aiohttp session, with an async single-flight token cache.
+
+Only the calls the progress card needs: send, reply, PATCH, image upload and the tenant token.
+Nothing here logs tokens, secrets or card bodies; log ids and codes are enough to ask Feishu.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from feishu_progress.config import FeishuSettings
+from feishu_progress.errors import FeishuAPIError, FeishuProgressError, FeishuTransportError
+from feishu_progress.feishu.errors import TOKEN_CODES
+from feishu_progress.ports import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+MESSAGES_PATH = "/open-apis/im/v1/messages"
+IMAGES_PATH = "/open-apis/im/v1/images"
+DEFAULT_RENEW_MARGIN_SECONDS = 300.0
+DEFAULT_POOL_LIMIT = 64
+
+Json = dict[str, Any]
+
+
+class TokenCache:
+    """tenant_access_token with single-flight fetching: concurrent callers share one request."""
+
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[tuple[str, float]]],
+        clock: Clock,
+        renew_margin: float = DEFAULT_RENEW_MARGIN_SECONDS,
+    ) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._renew_margin = renew_margin
+        self._token: str | None = None
+        self._renew_at = 0.0
+        self._inflight: asyncio.Future[str] | None = None
+        self.fetches = 0
+
+    async def get(self) -> str:
+        """A token valid for at least the renew margin, fetching one if needed."""
+        if self._token is not None and self._clock.monotonic() < self._renew_at:
+            return self._token
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._refresh())
+            self._inflight.add_done_callback(_consume_exception)
+        # shield: one impatient caller being cancelled must not cancel the fetch the others wait on.
+        return await asyncio.shield(self._inflight)
+
+    def invalidate(self, rejected: str) -> None:
+        """Forget ``rejected`` unless a newer token already replaced it (avoids refetch stampedes)."""
+        if self._token == rejected:
+            self._token = None
+
+    async def _refresh(self) -> str:
+        try:
+            self.fetches += 1
+            token, expire = await self._fetch()
+            self._token = token
+            self._renew_at = self._clock.monotonic() + max(0.0, expire - self._renew_margin)
+            return token
+        finally:
+            self._inflight = None
+
+
+class FeishuClient:
+    """The Open API calls the service makes, on one pooled ``aiohttp.ClientSession``."""
+
+    def __init__(
+        self,
+        settings: FeishuSettings,
+        *,
+        clock: Clock | None = None,
+        renew_margin: float = DEFAULT_RENEW_MARGIN_SECONDS,
+        pool_limit: int = DEFAULT_POOL_LIMIT,
+    ) -> None:
+        self._settings = settings
+        self._base_url = settings.base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
+        self._pool_limit = pool_limit
+        self._session: aiohttp.ClientSession | None = None
+        self.tokens = TokenCache(self._fetch_token, clock or SystemClock(), renew_margin)
+
+    @classmethod
+    async def open(cls, settings: FeishuSettings, **kwargs: Any) -> FeishuClient:
+        """Create the client and its session (call ``close`` when done, or use ``async with``)."""
+        client = cls(settings, **kwargs)
+        client._start()
+        return client
+
+    def _start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._pool_limit, limit_per_host=self._pool_limit)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+
+    async def close(self) -> None:
+        """Close the shared session and its connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Self:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # --- public calls -------------------------------------------------------------------------
+
+    async def send_card(
+        self, receive_id: str, receive_id_type: str, card: Mapping[str, Any], uuid: str
+    ) -> str:
+        """Send an interactive card; returns its message_id. ``uuid`` dedupes retries for 1 h."""
+        body = {
+            "receive_id": receive_id,
+            "msg_type": "interactive",
+            "content": _card_text(card),
+            "uuid": uuid,
+        }
+        data = await self._call("POST", MESSAGES_PATH, params={"receive_id_type": receive_id_type}, body=body)
+        return _field(data, "message_id")
+
+    async def reply_card(
+        self, message_id: str, card: Mapping[str, Any], uuid: str, in_thread: bool = False
+    ) -> str:
+        """Reply to ``message_id`` with a card (optionally in its thread); returns the new message_id."""
+        body = {
+            "msg_type": "interactive",
+            "content": _card_text(card),
+            "uuid": uuid,
+            "reply_in_thread": in_thread,
+        }
+        data = await self._call("POST", f"{MESSAGES_PATH}/{message_id}/reply", body=body)
+        return _field(data, "message_id")
+
+    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
+        """Replace the card of a message this app sent."""
+        await self._call("PATCH", f"{MESSAGES_PATH}/{message_id}", body={"content": _card_text(card)})
+
+    async def upload_image(self, data: bytes) -> str:
+        """Upload image bytes for use in cards; returns the image_key."""
+
+        def form() -> aiohttp.FormData:
+            payload = aiohttp.FormData()
+            payload.add_field("image_type", "message")
+            payload.add_field("image", data, filename="image", content_type="application/octet-stream")
+            return payload
+
+        result = await self._call("POST", IMAGES_PATH, form=form)
+        return _field(result, "image_key")
+
+    async def token_ok(self) -> bool:
+        """Whether a tenant token can be had right now (for /readyz)."""
+        try:
+            await self.tokens.get()
+        except FeishuProgressError as exc:
+            log.warning("tenant token unavailable: %s", type(exc).__name__, extra={"code": _code_of(exc)})
+            return False
+        return True
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Json | None = None,
+        form: Callable[[], aiohttp.FormData] | None = None,
+    ) -> Json:
+        token = await self.tokens.get()
+        try:
+            return await self._request(method, path, token, params=params, body=body, form=form)
+        except FeishuAPIError as exc:
+            if exc.code not in TOKEN_CODES:
+                raise
+            log.info("token rejected, refreshing once", extra={"code": exc.code, "log_id": exc.log_id})
+            self.tokens.invalidate(token)
+            token = await self.tokens.get()
+            return await self._request(method, path, token, params=params, body=body, form=form)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Json | None = None,
+        form: Callable[[], aiohttp.FormData] | None = None,
+    ) -> Json:
+        session = self._require_session()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = self._base_url + path
+        try:
+            async with session.request(
+                method, url, params=params, json=body, data=form() if form else None, headers=headers
+            ) as response:
+                raw = await response.read()
+                return _unwrap(response, raw)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise FeishuTransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def _fetch_token(self) -> tuple[str, float]:
+        secret = self._settings.app_secret
+        body = {
+            "app_id": self._settings.app_id or "",
+            "app_secret": secret.get_secret_value() if secret else "",
+        }
+        data = await self._request("POST", TOKEN_PATH, None, body=body)
+        return _field(data, "tenant_access_token"), float(data.get("expire", 7200))
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("FeishuClient is not open: use `await FeishuClient.open(...)` or `async with`")
+        return self._session
+
+
+def _consume_exception(future: asyncio.Future[str]) -> None:
+    # Every waiter sees the error; this only stops asyncio reporting it as never retrieved.
+    if not future.cancelled():
+        future.exception()
+
+
+def _card_text(card: Mapping[str, Any]) -> str:
+    return json.dumps(card, ensure_ascii=False, separators=(",", ":"))
+
+
+def _unwrap(response: aiohttp.ClientResponse, raw: bytes) -> Json:
+    """The ``data`` of a successful answer (or the token fields); raise FeishuAPIError otherwise."""
+    payload = _parse(raw)
+    code = payload.get("code")
+    ok_status = 200 <= response.status < 300
+    if ok_status and code == 0:
+        data = payload.get("data")
+        return data if isinstance(data, dict) else payload
+    error = payload.get("error")
+    log_id = response.headers.get("x-tt-logid") or (
+        error.get("log_id", "") if isinstance(error, dict) else ""
+    )
+    exc = FeishuAPIError(
+        code if isinstance(code, int) and code != 0 else response.status,
+        str(payload.get("msg") or response.reason or "unknown error"),
+        http_status=response.status,
+        log_id=str(log_id),
+        retry_after=_retry_after(response.headers.get("x-ogw-ratelimit-reset")),
+    )
+    log.warning(
+        "Feishu API error", extra={"code": exc.code, "http_status": exc.http_status, "log_id": exc.log_id}
+    )
+    raise exc
+
+
+def _field(data: Json, key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        # A success without the field we need is still a Feishu-side failure, not a KeyError.
+        raise FeishuAPIError(-1, f"answer has no {key}")
+    return value
+
+
+def _parse(raw: bytes) -> Json:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}  # gateways answer 5xx with HTML; the status carries the meaning
+    return value if isinstance(value, dict) else {}
+
+
+def _retry_after(header: str | None) -> float | None:
+    if not header:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        return None
+
+
+def _code_of(exc: BaseException) -> int | None:
+    return exc.code if isinstance(exc, FeishuAPIError) else None

@@ -1,0 +1,72 @@
+"""THE one place that maps Feishu errors to delivery decisions (ports.PatchOutcome).
+
+Codes and their meanings come from reference/feishu-platform.md §2, §3 and §7. Anything not named
+here stops updating the card with the code and message recorded: an unknown failure is never
+retried forever and never swallowed.
+"""
+
+from __future__ import annotations
+
+from feishu_progress.errors import FeishuAPIError, FeishuTransportError
+from feishu_progress.ports import OutcomeKind, PatchOutcome
+
+MESSAGE_RATE_LIMITED = 230020
+GATEWAY_RATE_LIMITED = 99991400
+TOKEN_INVALID = 99991663
+TOKEN_MISSING = 99991661
+TOKEN_CODES = frozenset({TOKEN_INVALID, TOKEN_MISSING})
+
+# The card can no longer be edited: the reason is what the scheduler records.
+STOP_REASONS: dict[int, str] = {
+    230031: "message older than 14 days",
+    230011: "message recalled",
+    230110: "message deleted",
+}
+# The card itself is refused: resend a minimal card instead of the full one.
+DEGRADE_REASONS: dict[int, str] = {
+    230025: "card over 30 KB",
+    19036: "card over 30 KB",
+    230099: "card rejected as invalid",
+    300305: "card has too many elements",
+    11310: "card could not be built (too many elements)",
+}
+
+DEFAULT_MESSAGE_RETRY_SECONDS = 0.25
+DEFAULT_GATEWAY_RESET_SECONDS = 1.0
+HTTP_TOO_MANY_REQUESTS = 429
+HTTP_SERVER_ERROR = 500
+
+
+def classify(exc: BaseException, *, message_interval: float = DEFAULT_MESSAGE_RETRY_SECONDS) -> PatchOutcome:
+    """Turn a failed Open API call into what the delivery scheduler should do next."""
+    if isinstance(exc, FeishuTransportError):
+        return PatchOutcome(OutcomeKind.BACKOFF, reason=f"transport: {exc}")
+    if not isinstance(exc, FeishuAPIError):
+        return PatchOutcome(OutcomeKind.STOP, reason=f"unexpected {type(exc).__name__}: {exc}")
+    return _classify_api_error(exc, message_interval)
+
+
+def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOutcome:
+    code = exc.code
+    if code == MESSAGE_RATE_LIMITED:
+        return PatchOutcome(
+            OutcomeKind.RETRY_MESSAGE,
+            retry_after=message_interval,
+            code=code,
+            reason="per-message rate limit",
+        )
+    if code == GATEWAY_RATE_LIMITED or exc.http_status == HTTP_TOO_MANY_REQUESTS:
+        reset = exc.retry_after if exc.retry_after and exc.retry_after > 0 else DEFAULT_GATEWAY_RESET_SECONDS
+        return PatchOutcome(OutcomeKind.PAUSE_APP, retry_after=reset, code=code, reason="app rate limit")
+    if code in STOP_REASONS:
+        return PatchOutcome(OutcomeKind.STOP, code=code, reason=STOP_REASONS[code])
+    if code in DEGRADE_REASONS:
+        return PatchOutcome(
+            OutcomeKind.DEGRADE, code=code, reason=f"{DEGRADE_REASONS[code]}: {exc.msg}"[:300]
+        )
+    if exc.http_status >= HTTP_SERVER_ERROR:
+        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason=f"server error {exc.http_status}")
+    if code in TOKEN_CODES:
+        # The client already refreshed and retried once: the token service is flaky, not the card.
+        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason="token rejected after refresh")
+    return PatchOutcome(OutcomeKind.STOP, code=code, reason=f"Feishu {code}: {exc.msg}"[:300])

@@ -1,0 +1,203 @@
+"""The sandbox's HTTP face: an aiohttp app speaking the Open API subset the service uses.
+
+``create_sandbox_app`` builds the app; ``run_sandbox`` serves it on a (free) port for tests, the
+demo and benchmarks. ``GET /_sandbox/stats`` and ``POST /_sandbox/reset`` exist for benchmarks
+that run the sandbox in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from feishu_progress.sandbox.faults import Fault, FaultKind
+from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+
+STATE_KEY = web.AppKey("sandbox_state", SandboxState)
+
+
+def create_sandbox_app(
+    config: SandboxConfig, *, clock: Callable[[], float] = time.monotonic
+) -> web.Application:
+    """An aiohttp application emulating the Feishu Open API calls the service makes."""
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app[STATE_KEY] = SandboxState(config, clock)
+    app.router.add_post("/open-apis/auth/v3/tenant_access_token/internal", _token)
+    app.router.add_post("/open-apis/im/v1/messages", _send)
+    app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", _reply)
+    app.router.add_patch("/open-apis/im/v1/messages/{message_id}", _patch)
+    app.router.add_post("/open-apis/im/v1/images", _image)
+    app.router.add_get("/_sandbox/stats", _stats)
+    app.router.add_post("/_sandbox/reset", _reset)
+    app.on_shutdown.append(_release_hangs)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class RunningSandbox:
+    """A served sandbox: where it listens and what it knows."""
+
+    base_url: str
+    state: SandboxState
+    app: web.Application
+
+
+@asynccontextmanager
+async def run_sandbox(
+    config: SandboxConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[RunningSandbox]:
+    """Serve a sandbox on ``host:port`` (0 = a free port) for the duration of the block."""
+    app = create_sandbox_app(config or SandboxConfig(), clock=clock)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        yield RunningSandbox(f"http://{bound_host}:{bound_port}", app[STATE_KEY], app)
+    finally:
+        app[STATE_KEY].faults.release_hangs()
+        await runner.cleanup()
+
+
+async def _release_hangs(app: web.Application) -> None:
+    app[STATE_KEY].faults.release_hangs()
+
+
+# --- handlers -------------------------------------------------------------------------------------
+
+
+async def _token(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "token", needs_token=False)
+    if early is not None:
+        return early
+    body = await _json_body(request)
+    answer = state.issue_token(str(body.get("app_id", "")), str(body.get("app_secret", "")))
+    return _respond(state, answer)
+
+
+async def _send(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "send")
+    if early is not None:
+        return early
+    answer = state.send(request.query.get("receive_id_type"), await _json_body(request))
+    return _respond(state, answer)
+
+
+async def _reply(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "reply")
+    if early is not None:
+        return early
+    message_id = request.match_info["message_id"]
+    return _respond(state, state.reply(message_id, await _json_body(request)), message_id)
+
+
+async def _patch(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "patch")
+    message_id = request.match_info["message_id"]
+    if early is not None:
+        return early
+    return _respond(state, state.patch(message_id, await _json_body(request)), message_id)
+
+
+async def _image(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "image")
+    if early is not None:
+        return early
+    image_type: str | None = None
+    data: bytes | None = None
+    form = await request.post()
+    raw_type = form.get("image_type")
+    image_type = raw_type if isinstance(raw_type, str) else None
+    image = form.get("image")
+    if isinstance(image, web.FileField):
+        data = image.file.read()
+    return _respond(state, state.upload_image(image_type, data))
+
+
+async def _stats(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    return web.json_response(
+        {
+            "peers": len(state.peers),
+            "connections": state.connections,
+            "requests": dict(state.requests),
+            "responses": {str(code): count for code, count in state.responses.items()},
+            "messages": len(state.messages),
+            "token_fetches": state.token_fetches,
+        }
+    )
+
+
+async def _reset(request: web.Request) -> web.StreamResponse:
+    request.app[STATE_KEY].reset_stats()
+    return web.json_response({"ok": True})
+
+
+# --- plumbing -------------------------------------------------------------------------------------
+
+
+async def _admit(
+    request: web.Request, endpoint: str, *, needs_token: bool = True
+) -> tuple[SandboxState, web.StreamResponse | None]:
+    """Count the request, apply injected faults, check the bearer token."""
+    state = request.app[STATE_KEY]
+    state.requests[endpoint] += 1
+    transport = request.transport
+    if transport is not None:
+        state.note_connection(transport)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            state.peers.add((str(peer[0]), int(peer[1])))
+    delay = state.faults.delay_for(endpoint)
+    if delay:
+        await asyncio.sleep(delay)
+    fault = state.faults.decide(endpoint)
+    if fault is not None:
+        return state, await _inject(state, fault)
+    if needs_token:
+        refused = state.check_token(request.headers.get("Authorization"))
+        if refused is not None:
+            return state, _respond(state, refused)
+    return state, None
+
+
+async def _inject(state: SandboxState, fault: Fault) -> web.StreamResponse:
+    if fault.kind is FaultKind.HANG:
+        await state.faults.wait_released(state.config.hang_cap_seconds)
+    if fault.kind is FaultKind.STORM:
+        return _respond(state, state.gateway_limited(fault.retry_after))
+    state.responses[fault.status] += 1
+    # Real gateways answer 5xx with HTML, not Feishu JSON: the client must cope with both.
+    return web.Response(status=fault.status, text="<html>injected failure</html>", content_type="text/html")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _respond(state: SandboxState, answer: Answer, message_id: str | None = None) -> web.Response:
+    state.record(answer, message_id)
+    log_id = f"sandbox-{sum(state.responses.values())}"
+    body = answer.body
+    if answer.code != 0:
+        body = {**body, "error": {**body.get("error", {}), "log_id": log_id}}
+    return web.json_response(body, status=answer.status, headers={"x-tt-logid": log_id, **answer.headers})
+
+
+__all__ = ["STATE_KEY", "RunningSandbox", "create_sandbox_app", "run_sandbox"]
