@@ -1,0 +1,403 @@
+"""Small repositories over the Database: each method is its own short transaction.
+
+They return frozen records, never ORM objects, so nothing lazy-loads outside a session. All
+datetimes are naive UTC (see ``models``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from feishu_progress.db.engine import Database
+from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution, TaskAction, TaskCard
+from feishu_progress.db.times import to_naive_utc
+from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
+from feishu_progress.errors import UnknownTask
+
+# VARCHAR(191) keys: longer ones are replaced by a digest, which keeps them unique and indexable.
+MAX_KEY_LENGTH = 191
+MAX_TITLE_LENGTH = 255
+MAX_REF_LENGTH = 64
+UNFINISHED_STATUSES = (TaskStatus.RUNNING.value, TaskStatus.WAITING.value)
+
+
+def storable_key(key: str) -> str:
+    """``key`` itself when it fits the 191-character columns, else ``sha256:<hex>`` of it."""
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _fit(value: str | None, limit: int) -> str | None:
+    return None if value is None else value[:limit]
+
+
+def _check_ref(name: str, value: str | None) -> None:
+    if value is not None and len(value) > MAX_REF_LENGTH:
+        raise ValueError(f"{name} is longer than {MAX_REF_LENGTH} characters")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task's card row plus its session title."""
+
+    session_id: int
+    title: str | None
+    receive_id: str
+    receive_id_type: str
+    reply_to_message_id: str | None
+    message_id: str | None
+    requester_open_id: str
+    locale: str | None
+    status: TaskStatus
+    round: int
+    snapshot: str | None  # JSON owned by progress/; None until the first save_state
+    disliked: bool
+    stop_reason: str | None
+    started_at: datetime
+    last_event_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One user action in the log; ``id`` is the runtime's cursor."""
+
+    id: int
+    session_id: int
+    kind: str
+    operator_open_id: str
+    payload: dict[str, Any]
+    dedupe_key: str | None
+    created_at: datetime
+
+
+def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
+    return TaskRecord(
+        session_id=card.session_id,
+        title=title,
+        receive_id=card.receive_id,
+        receive_id_type=card.receive_id_type,
+        reply_to_message_id=card.reply_to_message_id,
+        message_id=card.message_id,
+        requester_open_id=card.requester_open_id,
+        locale=card.locale,
+        status=TaskStatus(card.status),
+        round=card.round,
+        snapshot=card.snapshot,
+        disliked=bool(card.disliked),
+        stop_reason=card.stop_reason,
+        started_at=card.started_at,
+        last_event_at=card.last_event_at,
+        finished_at=card.finished_at,
+    )
+
+
+def _action_record(row: TaskAction) -> ActionRecord:
+    return ActionRecord(
+        id=row.id,
+        session_id=row.session_id,
+        kind=row.kind,
+        operator_open_id=row.operator_open_id,
+        payload=json.loads(row.payload),
+        dedupe_key=row.dedupe_key,
+        created_at=row.created_at,
+    )
+
+
+class TaskRepository:
+    """Tasks: a session row plus the live card row that survives restarts."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create_task(  # noqa: PLR0917 - positional order is the documented contract
+        self,
+        title: str | None,
+        receive_id: str,
+        receive_id_type: str,
+        requester_open_id: str,
+        reply_to_message_id: str | None,
+        locale: str | None,
+        now: datetime,
+    ) -> int:
+        """Create the session and its RUNNING card row; returns the new session id."""
+        async with self._db.session() as session:
+            row = SessionRow(title=_fit(title, MAX_TITLE_LENGTH))
+            session.add(row)
+            await session.flush()
+            session.add(
+                TaskCard(
+                    session_id=row.id,
+                    receive_id=receive_id,
+                    receive_id_type=receive_id_type,
+                    reply_to_message_id=reply_to_message_id,
+                    requester_open_id=requester_open_id,
+                    locale=locale,
+                    status=TaskStatus.RUNNING.value,
+                    round=0,
+                    disliked=False,
+                    started_at=to_naive_utc(now),
+                    last_event_at=to_naive_utc(now),
+                )
+            )
+            return row.id
+
+    async def _update_card(self, session_id: int, values: Mapping[str, Any]) -> None:
+        async with self._db.session() as session:
+            result = await session.execute(
+                update(TaskCard).where(TaskCard.session_id == session_id).values(**values)
+            )
+            # The MySQL dialect counts matched rows (CLIENT.FOUND_ROWS), so 0 really means absent.
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise UnknownTask(f"no task with session id {session_id}")
+
+    async def set_message_id(self, session_id: int, message_id: str) -> None:
+        """Remember the Feishu message the card lives in."""
+        await self._update_card(session_id, {"message_id": message_id})
+
+    async def save_state(  # noqa: PLR0917 - positional order is the documented contract
+        self,
+        session_id: int,
+        status: TaskStatus | str,
+        round: int,
+        snapshot: str,
+        last_event_at: datetime,
+        finished_at: datetime | None = None,
+    ) -> None:
+        """Persist the card's latest state (called on a throttle and on every terminal state)."""
+        values = {
+            "status": TaskStatus(status).value,
+            "round": round,
+            "snapshot": snapshot,
+            "last_event_at": to_naive_utc(last_event_at),
+            "finished_at": None if finished_at is None else to_naive_utc(finished_at),
+        }
+        await self._update_card(session_id, values)
+
+    async def set_disliked(self, session_id: int, disliked: bool) -> None:
+        """Record the 点踩 toggle."""
+        await self._update_card(session_id, {"disliked": disliked})
+
+    async def set_stop_reason(self, session_id: int, reason: str | None) -> None:
+        """Record why PATCHing stopped (expired, recalled...); None clears it."""
+        await self._update_card(session_id, {"stop_reason": _fit(reason, MAX_TITLE_LENGTH)})
+
+    async def get(self, session_id: int) -> TaskRecord | None:
+        """The task, or None when there is no such session."""
+        async with self._db.session() as session:
+            row = (
+                await session.execute(
+                    select(TaskCard, SessionRow.title)
+                    .join(SessionRow, SessionRow.id == TaskCard.session_id)
+                    .where(TaskCard.session_id == session_id)
+                )
+            ).one_or_none()
+        return None if row is None else _task_record(row[0], row[1])
+
+    async def list_unfinished(self) -> list[TaskRecord]:
+        """Tasks still RUNNING or WAITING (re-attached after a restart), oldest first."""
+        async with self._db.session() as session:
+            rows = (
+                await session.execute(
+                    select(TaskCard, SessionRow.title)
+                    .join(SessionRow, SessionRow.id == TaskCard.session_id)
+                    .where(TaskCard.status.in_(UNFINISHED_STATUSES))
+                    .order_by(TaskCard.session_id)
+                )
+            ).all()
+        return [_task_record(card, title) for card, title in rows]
+
+
+class SubagentRepository:
+    """Subagent executions and their child sessions."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def start(  # noqa: PLR0917 - positional order is the documented contract
+        self,
+        parent_session_id: int,
+        task_ref: str,
+        child_external_id: str | None,
+        agent_type: str | None,
+        title: str | None,
+        task_description: str | None,
+        invocation_type: InvocationType | str,
+        now: datetime,
+    ) -> int:
+        """Create the child session and a RUNNING execution; idempotent on (parent, task_ref)."""
+        _check_ref("task_ref", task_ref)
+        _check_ref("child_external_id", child_external_id)
+        _check_ref("agent_type", agent_type)
+        invocation = InvocationType(invocation_type).value
+        existing = await self.find(parent_session_id, task_ref)
+        if existing is not None:
+            return existing
+        try:
+            async with self._db.session() as session:
+                child = SessionRow(
+                    title=_fit(title, MAX_TITLE_LENGTH),
+                    parent_session_id=parent_session_id,
+                    external_id=child_external_id,
+                )
+                session.add(child)
+                await session.flush()
+                execution = SubagentExecution(
+                    parent_session_id=parent_session_id,
+                    task_ref=task_ref,
+                    child_session_id=child.id,
+                    agent_type=agent_type,
+                    task_description=task_description,
+                    status=SubagentStatus.RUNNING.value,
+                    invocation_type=invocation,
+                    total_rounds=0,
+                    started_at=to_naive_utc(now),
+                )
+                session.add(execution)
+                await session.flush()
+                return execution.id
+        except IntegrityError:
+            # Lost a race with a concurrent start of the same task: the winner's row is the answer.
+            winner = await self.find(parent_session_id, task_ref)
+            if winner is None:
+                raise
+            return winner
+
+    async def _update(self, execution_id: int, values: Mapping[str, Any]) -> None:
+        async with self._db.session() as session:
+            result = await session.execute(
+                update(SubagentExecution).where(SubagentExecution.id == execution_id).values(**values)
+            )
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise LookupError(f"no subagent execution {execution_id}")
+
+    async def set_status(self, execution_id: int, status: SubagentStatus | str) -> None:
+        """Change the status (RUNNING <-> RECOVERING, or a terminal one without rounds)."""
+        await self._update(execution_id, {"status": SubagentStatus(status).value})
+
+    async def finish(
+        self, execution_id: int, status: SubagentStatus | str, total_rounds: int, now: datetime
+    ) -> None:
+        """Record the terminal status, the rounds it took and when it ended."""
+        values = {
+            "status": SubagentStatus(status).value,
+            "total_rounds": total_rounds,
+            "finished_at": to_naive_utc(now),
+        }
+        await self._update(execution_id, values)
+
+    async def find(self, parent_session_id: int, task_ref: str) -> int | None:
+        """The execution id of ``task_ref`` under the parent, or None."""
+        async with self._db.session() as session:
+            found: int | None = await session.scalar(
+                select(SubagentExecution.id).where(
+                    SubagentExecution.parent_session_id == parent_session_id,
+                    SubagentExecution.task_ref == task_ref,
+                )
+            )
+        return found
+
+
+class ActionRepository:
+    """The append-only log of user actions that runtimes read by cursor."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def append(  # noqa: PLR0917 - positional order is the documented contract
+        self,
+        session_id: int,
+        kind: str,
+        operator_open_id: str,
+        payload: Mapping[str, Any],
+        dedupe_key: str | None,
+        now: datetime,
+    ) -> tuple[ActionRecord, bool]:
+        """Append an action; with a ``dedupe_key`` seen before, return the existing one and False."""
+        key = None if dedupe_key is None else storable_key(dedupe_key)
+        if key is not None:
+            existing = await self._by_key(key)
+            if existing is not None:
+                return existing, False
+        row = TaskAction(
+            session_id=session_id,
+            kind=kind,
+            operator_open_id=operator_open_id,
+            payload=json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":")),
+            dedupe_key=key,
+            created_at=to_naive_utc(now),
+        )
+        try:
+            async with self._db.session() as session:
+                session.add(row)
+                await session.flush()
+                return _action_record(row), True
+        except IntegrityError:
+            # A concurrent append with the same key committed first.
+            winner = None if key is None else await self._by_key(key)
+            if winner is None:
+                raise
+            return winner, False
+
+    async def _by_key(self, key: str) -> ActionRecord | None:
+        async with self._db.session() as session:
+            row = await session.scalar(select(TaskAction).where(TaskAction.dedupe_key == key))
+            return None if row is None else _action_record(row)
+
+    async def list_after(self, session_id: int, after_id: int, limit: int = 100) -> list[ActionRecord]:
+        """Actions of the session with ``id > after_id``, oldest first, at most ``limit``."""
+        async with self._db.session() as session:
+            rows = await session.scalars(
+                select(TaskAction)
+                .where(TaskAction.session_id == session_id, TaskAction.id > after_id)
+                .order_by(TaskAction.id)
+                .limit(limit)
+            )
+            return [_action_record(row) for row in rows]
+
+
+class CallbackDedupeRepository:
+    """Callback keys seen within a TTL, shared by every process on the database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def first_seen(self, key: str, ttl_seconds: int, now: datetime) -> bool:
+        """True only the first time ``key`` is seen within ``ttl_seconds``; an expired key counts as new."""
+        stored = storable_key(key)
+        now = to_naive_utc(now)
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        if await self._reclaim_expired(stored, now, expires_at):
+            return True
+        try:
+            async with self._db.session() as session:
+                session.add(CallbackSeen(key=stored, expires_at=expires_at))
+        except IntegrityError:
+            return False
+        return True
+
+    async def _reclaim_expired(self, key: str, now: datetime, expires_at: datetime) -> bool:
+        async with self._db.session() as session:
+            # Conditional update: of two racing callers only one can move an expired deadline.
+            result = await session.execute(
+                update(CallbackSeen)
+                .where(CallbackSeen.key == key, CallbackSeen.expires_at <= now)
+                .values(expires_at=expires_at)
+            )
+            return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+    async def purge_expired(self, now: datetime) -> int:
+        """Delete keys whose TTL has passed; returns how many went."""
+        async with self._db.session() as session:
+            statement = delete(CallbackSeen).where(CallbackSeen.expires_at <= to_naive_utc(now))
+            result = await session.execute(statement)
+            return int(result.rowcount)  # type: ignore[attr-defined]

@@ -1,0 +1,96 @@
+"""SubagentManager: the ``ports.SubagentSource`` adapter over the running query plus in-memory rounds."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from feishu_progress.db.engine import Database
+from feishu_progress.domain import SubagentSummary
+from feishu_progress.subagents.query import (
+    RunningSubagentRow,
+    list_running_by_parent,
+    list_running_by_parents,
+)
+from feishu_progress.subagents.titles import running_subagent_title
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _RunningRef:
+    parent_session_id: int
+    current_round: int = 0
+
+
+class SubagentManager:
+    """Lists running subagents for the card; rounds of tracked executions come from memory.
+
+    The database's ``total_rounds`` is only written at the end of a run, so while this process tracks
+    an execution its in-memory round wins; after a restart the row's value is all there is
+    (seed 002 §5.4). Listing never raises: the subagent section is an extra, never a reason for the
+    card to stop updating (§5.1).
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._running: dict[int, _RunningRef] = {}
+
+    def track(self, execution_id: int, parent_session_id: int) -> None:
+        """Start tracking a running execution (its round starts at 0)."""
+        self._running.setdefault(execution_id, _RunningRef(parent_session_id))
+
+    def set_round(self, execution_id: int, round: int) -> None:
+        """Record the live round of a tracked execution; unknown ids are ignored."""
+        ref = self._running.get(execution_id)
+        if ref is not None:
+            ref.current_round = round
+
+    def untrack(self, execution_id: int) -> None:
+        """Forget an execution (it finished); unknown ids are ignored."""
+        self._running.pop(execution_id, None)
+
+    def tracked(self, parent_session_id: int) -> list[int]:
+        """Execution ids tracked under a parent, oldest first."""
+        return sorted(eid for eid, ref in self._running.items() if ref.parent_session_id == parent_session_id)
+
+    def _summary(self, row: RunningSubagentRow) -> SubagentSummary:
+        ref = self._running.get(row.id)
+        live_round = ref.current_round if ref is not None else row.total_rounds
+        return SubagentSummary(
+            task_id=row.id,
+            agent_type=row.agent_type,
+            title=running_subagent_title(row.child_title, row.task_description, row.child_session_id, row.id),
+            status=row.status,
+            round=max(0, live_round),
+        )
+
+    async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
+        """Running BACKGROUND/FOLLOWUP subagents of the parent; [] (and a warning) when the query fails."""
+        try:
+            rows = await list_running_by_parent(self._db, parent_session_id)
+        except Exception as exc:
+            logger.warning(
+                "Failed to list running subagents for parent %s: %s",
+                parent_session_id,
+                exc,
+                extra={"session_id": parent_session_id},
+            )
+            return []
+        return [self._summary(row) for row in rows]
+
+    async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
+        """The same for many parents in one query; every parent maps to [] when the query fails."""
+        parents = list(dict.fromkeys(parent_session_ids))
+        try:
+            grouped = await list_running_by_parents(self._db, parents)
+        except Exception as exc:
+            logger.warning(
+                "Failed to list running subagents for parents %s: %s",
+                ", ".join(map(str, parents)),
+                exc,
+                extra={"session_ids": parents},
+            )
+            return {parent: [] for parent in parents}
+        return {parent: [self._summary(row) for row in rows] for parent, rows in grouped.items()}

@@ -1,0 +1,123 @@
+"""Shared fixtures.
+
+Database: ``db`` is a migrated ``Database`` on SQLite (a file in tmp_path) and on MySQL/MariaDB at
+``FP_TEST_MYSQL_URL``. Both backends are migrated once per test session (MySQL is downgraded to base
+first so a stale schema never leaks in); each test then starts from empty tables. Without a reachable
+MySQL the MySQL cases are skipped, except under ``CI=true`` where that is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import MetaData, delete
+from sqlalchemy.pool import NullPool
+
+from feishu_progress.db.engine import Database
+from feishu_progress.db.migrate import downgrade, upgrade
+from feishu_progress.db.models import Base
+
+DEFAULT_MYSQL_URL = "mysql+aiomysql://root@127.0.0.1:3306/test"
+MYSQL_CONNECT_TIMEOUT_SECONDS = 3
+
+
+def mysql_test_url() -> str:
+    """The MySQL URL the data-layer tests use."""
+    return os.environ.get("FP_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+
+
+def sqlite_url(path: Path) -> str:
+    """An aiosqlite URL for a database file."""
+    return f"sqlite+aiosqlite:///{path}"
+
+
+async def _mysql_problem(url: str) -> str | None:
+    """None when MySQL answers, else why not."""
+    probe = Database.open(
+        url, poolclass=NullPool, connect_args={"connect_timeout": MYSQL_CONNECT_TIMEOUT_SECONDS}
+    )
+    try:
+        await probe.ping()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await probe.close()
+    return None
+
+
+async def _drop_everything(url: str) -> None:
+    """Drop every table of the test database (a schema alembic cannot downgrade)."""
+    database = Database.open(url, poolclass=NullPool)
+    try:
+        async with database.engine.begin() as connection:
+            reflected = MetaData()
+            await connection.run_sync(reflected.reflect)
+            await connection.run_sync(reflected.drop_all)
+    finally:
+        await database.close()
+
+
+async def _fresh_mysql_schema(url: str) -> None:
+    try:
+        await downgrade(url, "base")
+    except Exception:
+        await _drop_everything(url)
+    await upgrade(url)
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """A migrated MySQL database URL; skips (fails under CI=true) when no server answers."""
+    url = mysql_test_url()
+    problem = asyncio.run(_mysql_problem(url))
+    if problem is not None:
+        message = f"MySQL at FP_TEST_MYSQL_URL={url} is unreachable ({problem})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + "; CI=true requires it", pytrace=False)
+        pytest.skip(message)
+    asyncio.run(_fresh_mysql_schema(url))
+    return url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once; tests get copies of it."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    asyncio.run(upgrade(sqlite_url(path)))
+    return path
+
+
+async def _empty_tables(database: Database) -> None:
+    async with database.session() as session:
+        # Children before parents: task_card references session.
+        for table in reversed(Base.metadata.sorted_tables):
+            await session.execute(delete(table))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database URL, once per backend."""
+    if request.param == "mysql":
+        url: str = request.getfixturevalue("mysql_url")
+        return url
+    template: Path = request.getfixturevalue("sqlite_template")
+    copy = tmp_path / "fp.db"
+    shutil.copyfile(template, copy)
+    return sqlite_url(copy)
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    """A migrated, empty ``Database`` (parametrised over SQLite and MySQL)."""
+    database = Database.open(db_url)
+    if database.dialect_name != "sqlite":
+        await _empty_tables(database)
+    try:
+        yield database
+    finally:
+        await database.close()
