@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import asyncio
+import logging
 from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from feishu_progress.config import Settings
+from feishu_progress.logs import configure_logging
+
+log = logging.getLogger("feishu_progress")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,13 +20,76 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the bot: callbacks + runtime API + admin listener")
     migrate = sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
-    migrate.add_argument("--revision", default="head", help="target revision (default: head)")
+    migrate.add_argument(
+        "--revision", default=None, help="target revision (default: head, or base with --down)"
+    )
     migrate.add_argument("--down", action="store_true", help="downgrade to --revision instead")
     sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
     return parser
 
 
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"FP_{'__'.join(str(p).upper() for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise SystemExit(f"feishu-progress: bad configuration: {problems}") from None
+
+
+def _serve(settings: Settings) -> int:
+    from aiohttp import web
+
+    from feishu_progress.app import create_app
+
+    if not settings.feishu.sandbox and settings.api.token is None:
+        raise SystemExit(
+            "feishu-progress: FP_API__TOKEN is required when talking to Feishu (runtimes must present it)"
+        )
+    if (
+        not settings.feishu.sandbox
+        and settings.feishu.encrypt_key is None
+        and settings.feishu.verification_token is None
+    ):
+        log.warning(
+            "no FP_FEISHU__ENCRYPT_KEY / FP_FEISHU__VERIFICATION_TOKEN: callbacks are not authenticated"
+        )
+    web.run_app(
+        create_app(settings),
+        host=settings.http.host,
+        port=settings.http.port,
+        access_log=None,
+        print=lambda message: log.info("%s", message),
+        shutdown_timeout=30.0,
+    )
+    return 0
+
+
+def _migrate(settings: Settings, revision: str | None, down: bool) -> int:
+    from feishu_progress.db.migrate import downgrade, migration_state, upgrade
+
+    async def run() -> tuple[str | None, str]:
+        if down:
+            await downgrade(settings.database_url, revision or "base")
+        else:
+            await upgrade(settings.database_url, revision or "head")
+        return await migration_state(settings.database_url)
+
+    current, head = asyncio.run(run())
+    log.info("database at revision %s (head %s)", current, head)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    print(f"{args.command}: not available yet", file=sys.stderr)  # noqa: T201
-    return 2
+    settings = _settings()
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    if args.command == "serve":
+        return _serve(settings)
+    if args.command == "migrate":
+        return _migrate(settings, args.revision, args.down)
+    from feishu_progress.demo import main as demo_main
+
+    logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
+    return demo_main(lambda line: print(line, flush=True))  # noqa: T201

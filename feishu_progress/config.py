@@ -13,11 +13,34 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Feishu's card locale codes (reference/feishu-platform.md §8).
 FEISHU_LOCALES: tuple[str, ...] = (
-    "zh_cn", "en_us", "zh_hk", "zh_tw", "ja_jp", "id_id", "vi_vn", "th_th",
-    "pt_br", "es_es", "ko_kr", "de_de", "fr_fr", "it_it", "ru_ru", "ms_my",
+    "zh_cn",
+    "en_us",
+    "zh_hk",
+    "zh_tw",
+    "ja_jp",
+    "id_id",
+    "vi_vn",
+    "th_th",
+    "pt_br",
+    "es_es",
+    "ko_kr",
+    "de_de",
+    "fr_fr",
+    "it_it",
+    "ru_ru",
+    "ms_my",
 )
 # Turkish has a catalog but no Feishu per-viewer code: a deployment may pick it as the single language.
 SINGLE_LANGUAGE_LOCALES: tuple[str, ...] = ("tr",)
+
+
+def _blank_is_unset(value: object) -> object:
+    # `FP_API__TOKEN=` in an env file means "not set", never "the empty token".
+    if isinstance(value, str) and not value.strip():
+        return None
+    if isinstance(value, SecretStr) and not value.get_secret_value().strip():
+        return None
+    return value
 
 
 class FeishuSettings(BaseModel):
@@ -28,6 +51,10 @@ class FeishuSettings(BaseModel):
     verification_token: SecretStr | None = None
     mode: Literal["webhook", "ws"] = "webhook"
     timeout_seconds: float = Field(default=10.0, gt=0)
+
+    _blank = field_validator("app_id", "app_secret", "encrypt_key", "verification_token", mode="before")(
+        _blank_is_unset
+    )
 
     @property
     def sandbox(self) -> bool:
@@ -41,7 +68,7 @@ class FeishuSettings(BaseModel):
 
 
 class HttpSettings(BaseModel):
-    host: str = "0.0.0.0"  # noqa: S104 - the public listener is meant to be reachable
+    host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
 
 
@@ -50,9 +77,13 @@ class AdminSettings(BaseModel):
     port: int = Field(default=8001, ge=0, le=65535)
     token: SecretStr | None = None
 
+    _blank = field_validator("token", mode="before")(_blank_is_unset)
+
 
 class ApiSettings(BaseModel):
     token: SecretStr | None = None
+
+    _blank = field_validator("token", mode="before")(_blank_is_unset)
 
 
 class CardSettings(BaseModel):

@@ -1,0 +1,415 @@
+"""``feishu-progress demo``: a scripted task against the embedded sandbox, printed as the card evolves.
+
+Everything is real but Feishu: the service runs with SQLite, talks HTTP to an in-process sandbox that
+enforces Feishu's limits, and the script drives it the way an agent runtime and a user would — events
+through the runtime API, clicks as encrypted, signed ``card.action.trigger`` callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from feishu_progress.app import SERVICES, create_app
+from feishu_progress.cards.plaintext import card_as_text
+from feishu_progress.config import (
+    AdminSettings,
+    ApiSettings,
+    CardSettings,
+    FeishuSettings,
+    HttpSettings,
+    Settings,
+)
+from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
+from feishu_progress.sandbox.state import SandboxConfig
+
+APP_ID = "cli_demo"
+APP_SECRET = "demo-app-secret"
+ENCRYPT_KEY = "demo-encrypt-key"
+VERIFICATION_TOKEN = "demo-verification-token"
+API_TOKEN = "demo-api-token"
+REQUESTER = "ou_alice"
+BYSTANDER = "ou_bob"
+CHAT = "oc_demo_chat"
+SETTLE_SECONDS = 0.6  # > the 250 ms pacing: the newest state has reached the sandbox
+
+Print = Callable[[str], None]
+
+
+@dataclass
+class DemoResult:
+    session_id: int
+    message_id: str
+    events: int
+    patches: int
+    responses: dict[int, int]
+    final_status: str
+    seconds: float
+    metrics: list[str]
+
+
+def tiny_png(width: int = 4, height: int = 4) -> bytes:
+    """A valid PNG made by hand (no imaging library needed)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\x33\x99\xff" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def demo_settings(sandbox: RunningSandbox, workdir: Path) -> Settings:
+    return Settings(
+        database_url=f"sqlite+aiosqlite:///{workdir / 'demo.db'}",
+        feishu=FeishuSettings(
+            base_url=sandbox.base_url,
+            app_id=APP_ID,
+            app_secret=APP_SECRET,
+            encrypt_key=ENCRYPT_KEY,
+            verification_token=VERIFICATION_TOKEN,
+        ),
+        http=HttpSettings(host="127.0.0.1", port=0),
+        admin=AdminSettings(host="127.0.0.1", port=0, token="demo-admin-token"),
+        api=ApiSettings(token=API_TOKEN),
+        card=CardSettings(session_detail_url="https://agent.example.com/sessions/{session_id}"),
+    )
+
+
+class DemoRun:
+    """The script's moves: runtime events, user clicks, and what the card looks like after each."""
+
+    def __init__(
+        self, http: aiohttp.ClientSession, base_url: str, sandbox: RunningSandbox, out: Print
+    ) -> None:
+        self.http = http
+        self.base_url = base_url
+        self.sandbox = sandbox
+        self.out = out
+        self.session_id = 0
+        self.message_id = ""
+        self.events_sent = 0
+        self.cursor = 0
+        self.step_no = 0
+
+    async def create_task(self, title: str) -> None:
+        body = {
+            "receive_id": CHAT,
+            "receive_id_type": "chat_id",
+            "requester_open_id": REQUESTER,
+            "title": title,
+        }
+        async with self.http.post(f"{self.base_url}/v1/tasks", json=body) as response:
+            data = await response.json()
+            if response.status != 201:
+                raise RuntimeError(f"POST /v1/tasks answered {response.status}: {data}")
+        self.session_id, self.message_id = data["session_id"], data["message_id"]
+
+    async def send(self, *events: Mapping[str, Any]) -> None:
+        url = f"{self.base_url}/v1/tasks/{self.session_id}/events"
+        async with self.http.post(url, json={"events": list(events)}) as response:
+            if response.status != 202:
+                raise RuntimeError(f"events answered {response.status}: {await response.text()}")
+        self.events_sent += len(events)
+
+    async def click(
+        self, operator: str, value: Mapping[str, Any], form: Mapping[str, Any] | None = None
+    ) -> str:
+        payload = card_action_payload(
+            open_id=operator,
+            message_id=self.message_id,
+            chat_id=CHAT,
+            value=value,
+            form_value=form,
+            verification_token=VERIFICATION_TOKEN,
+            now=time.time(),
+        )
+        body, headers = signed_request(payload, encrypt_key=ENCRYPT_KEY, now=time.time())
+        async with self.http.post(f"{self.base_url}/feishu/callback", data=body, headers=headers) as response:
+            reply = await response.json()
+        toast = reply.get("toast", {})
+        return f"{toast.get('type', '-')}: {toast.get('content', '')}"
+
+    async def actions(self, wait: float = 5.0) -> list[dict[str, Any]]:
+        url = f"{self.base_url}/v1/tasks/{self.session_id}/actions"
+        async with self.http.get(url, params={"after": str(self.cursor), "wait": str(wait)}) as response:
+            data = await response.json()
+        self.cursor = data["cursor"]
+        actions: list[dict[str, Any]] = data["actions"]
+        return actions
+
+    async def show(self, title: str) -> None:
+        await asyncio.sleep(SETTLE_SECONDS)
+        self.step_no += 1
+        self.out(f"\n── {self.step_no}. {title} " + "─" * max(3, 60 - len(title)))
+        message = self.sandbox.state.messages[self.message_id]
+        self.out(card_as_text(message.card))
+
+
+def _value(action: str, session_id: int, **extra: Any) -> dict[str, Any]:
+    return {"v": 1, "action": action, "session_id": session_id, **extra}
+
+
+async def _script(run: DemoRun, image_path: Path) -> None:
+    await run.create_task("调研飞书卡片限流并修复进度卡")
+    await run.show("task created: the first card")
+
+    await run.send(
+        {"type": "status", "status": "RUNNING", "round": 1},
+        {"type": "content_delta", "text": "我先梳理一下**进度卡**的更新链路,再派两个子代理并行处理。"},
+        {
+            "type": "tool_started",
+            "call_id": "c1",
+            "name": "spawn_subagent",
+            "args": {"agent_type": "explorer"},
+        },
+        {"type": "tool_finished", "call_id": "c1", "result": {"task_id": 11, "status": "RUNNING"}},
+        {
+            "type": "subagent_started",
+            "task_id": 11,
+            "child_session_id": 9001,
+            "agent_type": "explorer",
+            "title": "后台子代理(explorer): 排查卡片进度链路",
+            "invocation_type": "BACKGROUND",
+        },
+        {"type": "tool_started", "call_id": "c2", "name": "spawn_subagent", "args": {"agent_type": "worker"}},
+        {"type": "tool_finished", "call_id": "c2", "result": {"task_id": 12, "status": "RUNNING"}},
+        {
+            "type": "subagent_started",
+            "task_id": 12,
+            "child_session_id": 9002,
+            "agent_type": "worker",
+            "title": "实现子代理展示",
+            "invocation_type": "BACKGROUND",
+        },
+        {"type": "subagent_round", "task_id": 11, "round": 2},
+        {"type": "subagent_status", "task_id": 12, "status": "RECOVERING"},
+    )
+    await run.show("two background subagents running")
+
+    await run.send(
+        {"type": "tool_started", "call_id": "c3", "name": "shell", "args": {"command": "pytest -q tests/"}},
+        {
+            "type": "tool_finished",
+            "call_id": "c3",
+            "result": {"exit_code": 2, "stdout": "2 failed, 40 passed"},
+        },
+        {
+            "type": "tool_started",
+            "call_id": "c4",
+            "name": "web_search",
+            "args": {"query": "飞书卡片 限流 230020"},
+        },
+        {"type": "tool_finished", "call_id": "c4", "result": {"error": "无可用搜索凭据"}},
+        {
+            "type": "tool_started",
+            "call_id": "c5",
+            "name": "generate_image",
+            "args": {"prompt": "一只盯着仪表盘的猫"},
+        },
+        {
+            "type": "tool_finished",
+            "call_id": "c5",
+            "result": {
+                "images": [
+                    {
+                        "image_url": "/uploads/cat.png",
+                        "image_path": str(image_path),
+                        "size_bytes": 2048,
+                        "mime": "image/png",
+                        "source": "generated",
+                    }
+                ],
+                "model": "gpt-image-1",
+                "size": "1024x1024",
+                "prompt": "一只盯着仪表盘的猫",
+            },
+        },
+    )
+    await run.show("a failing shell call, a failed search, a generated image")
+
+    await run.send(
+        {
+            "type": "ask",
+            "ask_id": "ask-1",
+            "questions": [
+                {"question": "先优化哪一部分?", "options": ["卡片限流", "子代理展示", "工具摘要"]},
+                {
+                    "question": "验收时想看到什么?",
+                    "options": ["本地 demo", "截图对比", "压测报告"],
+                    "multiSelect": True,
+                },
+            ],
+        },
+    )
+    await run.show("the agent asks two questions (WAITING, a form)")
+
+    answers = {"q0_0": "1", "q0_1": ["0", "2"], "q0_1_other": "再加一份指标截图"}
+    submit = _value("answers", run.session_id, ask_id="ask-1")
+    run.out(f"   bob (not the requester) submits answers → {await run.click(BYSTANDER, submit, answers)}")
+    run.out(f"   alice submits answers → {await run.click(REQUESTER, submit, answers)}")
+    received = await run.actions()
+    run.out(f"   runtime reads the action log: {[a['kind'] for a in received]}")
+    chosen = received[-1]["payload"]["answers"]
+    await run.send(
+        {"type": "status", "status": "RUNNING", "round": 2},
+        {"type": "tool_started", "call_id": "c6", "name": "ask_user_questions"},
+        {
+            "type": "tool_finished",
+            "call_id": "c6",
+            "result": {
+                "answers": [
+                    {
+                        "question": a["question"],
+                        "selectedLabels": a["selected_labels"],
+                        "customInput": a["custom_input"] or None,
+                    }
+                    for a in chosen
+                ]
+            },
+        },
+        {
+            "type": "tool_started",
+            "call_id": "c7",
+            "name": "asktool",
+            "args": {
+                "questions": [
+                    {"question": "是否同时修复钉钉卡片?", "options": ["是", "否"]},
+                    {
+                        "question": "需要哪些语言?",
+                        "options": ["中文", "English", "日本語"],
+                        "multiSelect": True,
+                    },
+                ]
+            },
+        },
+        {
+            "type": "tool_finished",
+            "call_id": "c7",
+            "result": "是否同时修复钉钉卡片?：否\n---\n需要哪些语言?：中文、English",
+        },
+        {"type": "subagent_finished", "task_id": 11, "status": "COMPLETED", "total_rounds": 3},
+        {"type": "tool_started", "call_id": "c8", "name": "check_subagent", "args": {"task_id": 12}},
+        {
+            "type": "tool_finished",
+            "call_id": "c8",
+            "result": {
+                "background_subagents": [
+                    {
+                        "taskId": 12,
+                        "childSessionId": 9002,
+                        "agentType": "worker",
+                        "status": "RUNNING",
+                        "totalRounds": 4,
+                        "totalToolCalls": 9,
+                        "totalPromptTokens": 12000,
+                        "totalCompletionTokens": 3400,
+                        "recentOutput": "正在修改 progress-card.ts 并补测试……",
+                    }
+                ]
+            },
+        },
+        {"type": "content", "text": "已按回答优先处理**子代理展示**;限流部分由子代理并行排查。"},
+    )
+    await run.show("answers submitted; round 2 with answered questions, asktool summary, subagent progress")
+
+    run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, _value('cancel', run.session_id))}")
+    await run.show("cancel clicked: the card says it is cancelling")
+    received = await run.actions()
+    run.out(f"   runtime reads the action log: {[a['kind'] for a in received]}")
+    await run.send(
+        {"type": "subagent_finished", "task_id": 12, "status": "CANCELLED", "total_rounds": 4},
+        {
+            "type": "finished",
+            "status": "CANCELLED",
+            "content": "任务已按你的要求取消。已完成:限流排查结论已写入会话。",
+        },
+    )
+    await run.show("the runtime stops: final card")
+
+
+async def run_demo(out: Print = print) -> DemoResult:
+    """Play the scripted task and return what happened."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="feishu-progress-demo-") as tmp:
+        workdir = Path(tmp)
+        image_path = workdir / "cat.png"
+        image_path.write_bytes(tiny_png())
+        async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as sandbox:
+            app = create_app(demo_settings(sandbox, workdir))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                host, port = runner.addresses[0][:2]
+                headers = {"Authorization": f"Bearer {API_TOKEN}"}
+                async with aiohttp.ClientSession(headers=headers) as http:
+                    run = DemoRun(http, f"http://{host}:{port}", sandbox, out)
+                    await _script(run, image_path)
+                    metrics = await _metrics_lines(http, app[SERVICES].admin_url)
+            finally:
+                await runner.cleanup()
+            message = sandbox.state.messages[run.message_id]
+            return DemoResult(
+                session_id=run.session_id,
+                message_id=run.message_id,
+                events=run.events_sent,
+                patches=sandbox.state.requests.get("patch", 0),
+                responses=dict(message.responses),
+                final_status=_final_status(message.card),
+                seconds=time.monotonic() - started,
+                metrics=metrics,
+            )
+
+
+async def _metrics_lines(http: aiohttp.ClientSession, admin_url: str | None) -> list[str]:
+    if admin_url is None:
+        return []
+    async with http.get(f"{admin_url}/metrics") as response:
+        text = await response.text()
+    wanted = (
+        "fp_events_total",
+        "fp_patches_total",
+        "fp_rate_limit_hits_total",
+        "fp_live_cards",
+        "fp_callback_latency_seconds_count",
+        "fp_subagent_cache_total",
+        "fp_delivery_staleness_seconds_count",
+    )
+    return [line for line in text.splitlines() if line.startswith(wanted)]
+
+
+def _final_status(card: Mapping[str, Any]) -> str:
+    header = card.get("header", {})
+    tags = header.get("text_tag_list", []) if isinstance(header, Mapping) else []
+    return str(tags[0]["text"]["content"]) if tags else "?"
+
+
+def main(out: Print = print) -> int:
+    result = asyncio.run(run_demo(out))
+    out("\n── summary " + "─" * 50)
+    out(f"task {result.session_id} · message {result.message_id} · final state: {result.final_status}")
+    out(f"runtime events sent: {result.events} · card PATCHes delivered to the sandbox: {result.patches}")
+    out(f"sandbox answers on this message by code: {result.responses} (0 = ok, 230020/99991400 = limited)")
+    out(f"took {result.seconds:.1f} s")
+    out("metrics after the run (admin /metrics):")
+    for line in result.metrics:
+        out(f"   {line}")
+    return 0

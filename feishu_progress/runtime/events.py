@@ -1,0 +1,226 @@
+"""The runtime API's request models (PRODUCT.md "Events"), validated with pydantic.
+
+A batch is validated whole before anything is applied, so a rejected batch changes nothing.
+Every model forbids unknown fields: a typo in an event is an error the runtime sees, not a field
+silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from feishu_progress.errors import EventRejected
+
+_SHORT = 256
+M = TypeVar("M", bound=BaseModel)
+MAX_EVENTS_PER_BATCH = 1000
+MAX_TEXT = 1_000_000  # a content event may carry a long answer; the card cuts it visibly
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Id = Annotated[str, Field(min_length=1, max_length=_SHORT)]
+
+
+def _id_from_number(value: Any) -> Any:
+    # Runtimes written in other languages often send numeric ids; accept them as text.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+class StatusEvent(_Event):
+    type: Literal["status"]
+    status: Literal["RUNNING", "WAITING"]
+    round: int = Field(ge=0)
+
+
+class ContentEvent(_Event):
+    type: Literal["content"]
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class ContentDeltaEvent(_Event):
+    type: Literal["content_delta"]
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class ToolStartedEvent(_Event):
+    type: Literal["tool_started"]
+    call_id: Id
+    name: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    args: dict[str, Any] | None = None
+
+    _ids = field_validator("call_id", mode="before")(_id_from_number)
+
+
+class ToolArgsEvent(_Event):
+    type: Literal["tool_args"]
+    call_id: Id
+    args: dict[str, Any]
+
+    _ids = field_validator("call_id", mode="before")(_id_from_number)
+
+
+class ToolFinishedEvent(_Event):
+    type: Literal["tool_finished"]
+    call_id: Id
+    result: Any = None
+
+    _ids = field_validator("call_id", mode="before")(_id_from_number)
+
+
+class RoundFinishedEvent(_Event):
+    type: Literal["round_finished"]
+    round: int = Field(ge=0)
+
+
+class SubagentStartedEvent(_Event):
+    type: Literal["subagent_started"]
+    task_id: Id
+    child_session_id: Annotated[str, Field(max_length=64)] | None = None
+    agent_type: Annotated[str, Field(max_length=64)] | None = None
+    title: Annotated[str, Field(max_length=1000)] | None = None
+    task_description: Annotated[str, Field(max_length=20_000)] | None = None
+    invocation_type: Literal["BACKGROUND", "FOLLOWUP", "DELEGATE"] = "BACKGROUND"
+
+    _ids = field_validator("task_id", "child_session_id", mode="before")(_id_from_number)
+
+
+class SubagentRoundEvent(_Event):
+    type: Literal["subagent_round"]
+    task_id: Id
+    round: int = Field(ge=0)
+
+    _ids = field_validator("task_id", mode="before")(_id_from_number)
+
+
+class SubagentStatusEvent(_Event):
+    type: Literal["subagent_status"]
+    task_id: Id
+    status: Literal["RUNNING", "RECOVERING"]
+
+    _ids = field_validator("task_id", mode="before")(_id_from_number)
+
+
+class SubagentFinishedEvent(_Event):
+    type: Literal["subagent_finished"]
+    task_id: Id
+    status: Literal["COMPLETED", "FAILED", "CANCELLED"]
+    total_rounds: int = Field(default=0, ge=0)
+
+    _ids = field_validator("task_id", mode="before")(_id_from_number)
+
+
+class AskOptionModel(_Event):
+    label: Annotated[str, Field(min_length=1, max_length=500)]
+    description: Annotated[str, Field(max_length=2000)] = ""
+
+
+class AskQuestionModel(_Event):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    question: Annotated[str, Field(min_length=1, max_length=5000)]
+    options: list[AskOptionModel] = Field(default_factory=list, max_length=100)
+    multi_select: bool = Field(default=False, alias="multiSelect")
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _plain_options(cls, value: Any) -> Any:
+        # Seed 001: an option is a bare string or {label, description}.
+        if isinstance(value, list):
+            return [{"label": item} if isinstance(item, str) else item for item in value]
+        return value
+
+
+class AskEvent(_Event):
+    type: Literal["ask"]
+    ask_id: Id
+    questions: list[AskQuestionModel] = Field(min_length=1, max_length=20)
+
+    _ids = field_validator("ask_id", mode="before")(_id_from_number)
+
+
+class ApprovalEvent(_Event):
+    type: Literal["approval"]
+    approval_id: Id
+    tool_name: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    summary: Annotated[str, Field(max_length=5000)] = ""
+
+    _ids = field_validator("approval_id", mode="before")(_id_from_number)
+
+
+class FinishedEvent(_Event):
+    type: Literal["finished"]
+    status: Literal["COMPLETED", "FAILED", "CANCELLED"]
+    content: str | None = Field(default=None, max_length=MAX_TEXT)
+    error: Annotated[str, Field(max_length=5000)] | None = None
+
+
+Event = Annotated[
+    StatusEvent
+    | ContentEvent
+    | ContentDeltaEvent
+    | ToolStartedEvent
+    | ToolArgsEvent
+    | ToolFinishedEvent
+    | RoundFinishedEvent
+    | SubagentStartedEvent
+    | SubagentRoundEvent
+    | SubagentStatusEvent
+    | SubagentFinishedEvent
+    | AskEvent
+    | ApprovalEvent
+    | FinishedEvent,
+    Field(discriminator="type"),
+]
+
+
+class EventBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    events: list[Event] = Field(min_length=1, max_length=MAX_EVENTS_PER_BATCH)
+
+
+class CreateTaskRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    receive_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
+    requester_open_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    title: Annotated[str, Field(max_length=255)] = ""
+    reply_to_message_id: Annotated[str, Field(max_length=_SHORT)] | None = None
+    locale: Annotated[str, Field(max_length=16)] | None = None
+
+
+def error_location(loc: tuple[int | str, ...]) -> str:
+    """pydantic's error location as the runtime wrote it: ``events[3].call_id``.
+
+    The discriminator's tag (``tool_started``) that pydantic inserts into the path is dropped, because
+    it is not a key of the runtime's JSON.
+    """
+    parts: list[str] = []
+    for index, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif index > 0 and isinstance(loc[index - 1], int) and loc[:1] == ("events",) and index == 2:
+            continue  # the union member name
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "<body>"
+
+
+def parse_model(model: type[M], payload: Any) -> M:
+    """Validate ``payload`` or raise EventRejected naming the first bad field."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        location = error_location(tuple(first["loc"]))
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            location += ".type"
+        raise EventRejected(location, first["msg"]) from None

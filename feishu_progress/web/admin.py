@@ -1,0 +1,75 @@
+"""The admin listener (FP_ADMIN__PORT): health, readiness, Prometheus metrics, live cards."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import SecretStr
+
+log = logging.getLogger(__name__)
+
+# A readiness check returns None when fine, else a short reason.
+ReadinessCheck = Callable[[], Awaitable[str | None]]
+
+
+@dataclass
+class AdminDeps:
+    registry: CollectorRegistry
+    checks: dict[str, ReadinessCheck]
+    cards: Callable[[], list[dict[str, object]]]
+    token: SecretStr | None
+
+
+class AdminApi:
+    def __init__(self, deps: AdminDeps) -> None:
+        self.deps = deps
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics),
+            web.get("/admin/cards", self.cards),
+        ]
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reasons: dict[str, str] = {}
+        for name, check in self.deps.checks.items():
+            try:
+                problem = await check()
+            except Exception as exc:  # a failing check is a reason, not a crash
+                problem = f"{type(exc).__name__}: {exc}"[:200]
+            if problem:
+                reasons[name] = problem
+        if reasons:
+            return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
+        return web.json_response({"status": "ready", "checks": sorted(self.deps.checks)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.deps.registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def cards(self, request: web.Request) -> web.Response:
+        token = self.deps.token
+        if token is None:
+            return web.json_response(
+                {"error": "forbidden", "message": "set FP_ADMIN__TOKEN to enable /admin/cards"}, status=403
+            )
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), token.get_secret_value().encode()
+        ):
+            return web.json_response(
+                {"error": "unauthorized", "message": "bearer FP_ADMIN__TOKEN required"}, status=401
+            )
+        return web.json_response({"cards": self.deps.cards()})

@@ -1,0 +1,241 @@
+"""The whole app in-process (SQLite + the sandbox over real HTTP): runtime API, callbacks, admin."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from feishu_progress.app import SERVICES, create_app
+from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
+from feishu_progress.sandbox.state import SandboxConfig
+
+APP_ID, APP_SECRET, KEY, VTOKEN = "cli_t", "secret", "encrypt-key", "verification-token"
+API_TOKEN, ADMIN_TOKEN = "api-token", "admin-token"
+REQUESTER = "ou_requester"
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[RunningSandbox]:
+    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(
+    sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any
+) -> AsyncIterator[TestClient[Any, Any]]:
+    settings = Settings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
+        feishu=FeishuSettings(
+            base_url=sandbox.base_url,
+            app_id=APP_ID,
+            app_secret=APP_SECRET,
+            encrypt_key=KEY,
+            verification_token=VTOKEN,
+        ),
+        http=HttpSettings(host="127.0.0.1", port=0),
+        admin=AdminSettings(host="127.0.0.1", port=0, token=ADMIN_TOKEN),
+        api=ApiSettings(token=API_TOKEN),
+    )
+    test_client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(settings, registry=CollectorRegistry())
+    )
+    yield test_client
+
+
+async def _create(client: TestClient[Any, Any]) -> tuple[int, str]:
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER, "title": "t"}
+    response = await client.post("/v1/tasks", json=body, headers=AUTH)
+    assert response.status == 201, await response.text()
+    data = await response.json()
+    return data["session_id"], data["message_id"]
+
+
+async def _events(
+    client: TestClient[Any, Any], session_id: int, *events: Mapping[str, Any]
+) -> aiohttp.ClientResponse:
+    return await client.post(f"/v1/tasks/{session_id}/events", json={"events": list(events)}, headers=AUTH)
+
+
+async def _click(
+    client: TestClient[Any, Any], message_id: str, operator: str, value: Mapping[str, Any], token: str = "t-1"
+) -> dict[str, Any]:
+    payload = card_action_payload(
+        open_id=operator,
+        message_id=message_id,
+        chat_id="oc_1",
+        value=value,
+        verification_token=VTOKEN,
+        now=time.time(),
+        click_token=token,
+    )
+    body, headers = signed_request(payload, encrypt_key=KEY, now=time.time())
+    response = await client.post("/feishu/callback", data=body, headers=headers)
+    assert response.status == 200
+    reply: dict[str, Any] = await response.json()
+    return reply
+
+
+async def test_runtime_api_needs_the_bearer_token(client: TestClient[Any, Any]) -> None:
+    response = await client.post("/v1/tasks", json={})
+    assert response.status == 401
+    wrong = await client.post("/v1/tasks", json={}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status == 401
+
+
+async def test_create_task_sends_the_first_card(
+    client: TestClient[Any, Any], sandbox: RunningSandbox
+) -> None:
+    session_id, message_id = await _create(client)
+    card = sandbox.state.messages[message_id].card
+    assert "任务已接收,正在准备执行。" in str(card)
+    task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert task["status"] == "RUNNING"
+    assert task["message_id"] == message_id
+
+
+async def test_a_bad_event_is_refused_naming_the_field_and_nothing_is_applied(
+    client: TestClient[Any, Any],
+) -> None:
+    session_id, _ = await _create(client)
+    response = await _events(
+        client,
+        session_id,
+        {"type": "content", "text": "should not land"},
+        {"type": "status", "status": "RUNNING", "round": 3},
+        {"type": "tool_started", "name": "shell"},
+    )
+    assert response.status == 422
+    body = await response.json()
+    assert body["field"] == "events[2].call_id"
+    task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert task["round"] == 0
+    assert "should not land" not in str(task["card"])
+
+
+async def test_unknown_event_type_and_unknown_task(client: TestClient[Any, Any]) -> None:
+    session_id, _ = await _create(client)
+    response = await _events(client, session_id, {"type": "explode"})
+    assert response.status == 422
+    assert (await response.json())["field"] == "events[0].type"
+    assert (await _events(client, 999_999, {"type": "content", "text": "x"})).status == 404
+    not_json = await client.post(
+        f"/v1/tasks/{session_id}/events", data=b"{", headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert not_json.status == 400
+
+
+async def test_events_reach_the_card(client: TestClient[Any, Any], sandbox: RunningSandbox) -> None:
+    session_id, message_id = await _create(client)
+    response = await _events(
+        client,
+        session_id,
+        {"type": "status", "status": "RUNNING", "round": 2},
+        {"type": "content_delta", "text": "hello "},
+        {"type": "content_delta", "text": "world"},
+        {"type": "tool_started", "call_id": "1", "name": "web_search", "args": {"query": "q"}},
+        {"type": "tool_finished", "call_id": "1", "result": {"error": "无可用搜索凭据"}},
+    )
+    assert response.status == 202
+    deadline = time.monotonic() + 5
+    while "hello world" not in str(sandbox.state.messages[message_id].card):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    card = str(sandbox.state.messages[message_id].card)
+    assert "第 2 轮" in card
+    assert "失败: 无可用搜索凭据" in card
+
+
+async def test_only_the_requester_cancels_and_a_redelivered_click_counts_once(
+    client: TestClient[Any, Any],
+) -> None:
+    session_id, message_id = await _create(client)
+    value = {"v": 1, "action": "cancel", "session_id": session_id}
+    stranger = await _click(client, message_id, "ou_stranger", value, token="s-1")
+    assert stranger["toast"]["type"] == "error"
+    assert "正在取消" not in str(stranger.get("card", ""))
+    replies = [await _click(client, message_id, REQUESTER, value, token="r-1") for _ in range(3)]
+    assert replies[0]["toast"]["type"] == "success"
+    assert "正在取消" in str(replies[0]["card"])
+    log = await (await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=2", headers=AUTH)).json()
+    assert [(a["kind"], a["operator_open_id"]) for a in log["actions"]] == [("cancel", REQUESTER)]
+    again = await (
+        await client.get(f"/v1/tasks/{session_id}/actions?after={log['cursor']}&wait=0", headers=AUTH)
+    ).json()
+    assert again["actions"] == []
+
+
+async def test_clicks_on_unknown_or_finished_tasks_explain_themselves(client: TestClient[Any, Any]) -> None:
+    session_id, message_id = await _create(client)
+    unknown = await _click(
+        client, message_id, REQUESTER, {"v": 1, "action": "cancel", "session_id": 424242}, "u"
+    )
+    assert unknown["toast"]["type"] == "error"
+    await _events(client, session_id, {"type": "finished", "status": "COMPLETED"})
+    finished = await _click(
+        client, message_id, REQUESTER, {"v": 1, "action": "cancel", "session_id": session_id}, "f"
+    )
+    assert finished["toast"]["type"] == "info"
+    assert (await _events(client, session_id, {"type": "content", "text": "late"})).status == 409
+
+
+async def test_retry_revives_a_failed_task(client: TestClient[Any, Any]) -> None:
+    session_id, message_id = await _create(client)
+    await _events(client, session_id, {"type": "finished", "status": "FAILED", "error": "boom"})
+    assert (
+        await _events(client, session_id, {"type": "status", "status": "RUNNING", "round": 1})
+    ).status == 409
+    reply = await _click(
+        client, message_id, REQUESTER, {"v": 1, "action": "retry", "session_id": session_id}, "x"
+    )
+    assert reply["toast"]["type"] == "success"
+    assert (
+        await _events(client, session_id, {"type": "status", "status": "RUNNING", "round": 1})
+    ).status == 202
+    task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert task["status"] == "RUNNING"
+
+
+async def test_admin_endpoints(client: TestClient[Any, Any]) -> None:
+    admin_url = client.app[SERVICES].admin_url
+    await _create(client)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{admin_url}/healthz") as response:
+            assert response.status == 200
+        async with http.get(f"{admin_url}/readyz") as response:
+            assert response.status == 200, await response.text()
+        async with http.get(f"{admin_url}/metrics") as response:
+            text = await response.text()
+            assert "fp_live_cards 1.0" in text
+        async with http.get(f"{admin_url}/admin/cards") as response:
+            assert response.status == 401
+        async with http.get(
+            f"{admin_url}/admin/cards", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as response:
+            cards = (await response.json())["cards"]
+            assert len(cards) == 1 and cards[0]["status"] == "RUNNING"
+
+
+async def test_readyz_reports_a_broken_feishu_token(
+    client: TestClient[Any, Any], sandbox: RunningSandbox
+) -> None:
+    admin_url = client.app[SERVICES].admin_url
+    feishu = client.app[SERVICES].client
+    assert feishu is not None
+    current = await feishu.tokens.get()
+    sandbox.state.config = type(sandbox.state.config)(app_id=APP_ID, app_secret="rotated")  # secret rotated
+    feishu.tokens.invalidate(current)
+    async with aiohttp.ClientSession() as http, http.get(f"{admin_url}/readyz") as response:
+        assert response.status == 503
+        assert "feishu_token" in (await response.json())["reasons"]
