@@ -23,7 +23,11 @@ _CHILD_LISTS = ("elements", "columns")
 
 @cache
 def _validator() -> Draft202012Validator:
-    text = resources.files("feishu_progress.cards").joinpath("schema/card-json-2.0.schema.json").read_text("utf-8")
+    text = (
+        resources.files("feishu_progress.cards")
+        .joinpath("schema/card-json-2.0.schema.json")
+        .read_text("utf-8")
+    )
     return Draft202012Validator(json.loads(text))
 
 
