@@ -78,7 +78,7 @@ class Services:
     sandbox: Any = None  # RunningSandbox in sandbox mode
     admin_url: str | None = None
     public_url: str | None = None
-    stale_watcher: asyncio.Task[Any] | None = None
+    loops: list[asyncio.Task[Any]] = field(default_factory=list)
 
     def require_service(self) -> TaskService:
         if self.service is None:
@@ -215,7 +215,10 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)
     scheduler.start()
-    services.stale_watcher = services.background.spawn(service.watch_stale(), name="stale-tasks")
+    services.loops = [
+        services.background.spawn(service.watch_stale(), name="stale-tasks"),
+        services.background.spawn(service.persist_loop(), name="persist-snapshots"),
+    ]
     await _start_admin(services, stack)
     if settings.feishu.mode == "ws":
         _start_long_connection(services)
@@ -331,13 +334,15 @@ def _start_long_connection(services: Services) -> None:
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
-    if services.stale_watcher is not None:
-        services.stale_watcher.cancel()
+    for loop in services.loops:
+        loop.cancel()
     if services.scheduler is not None:
         report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
         if not report.complete:
             log.error("shutdown: %s", report)
         await services.scheduler.stop()
+    if services.service is not None:
+        await services.service.flush_dirty()
     cancelled = await services.background.drain(BACKGROUND_DRAIN_SECONDS)
     if cancelled:
         log.warning("shutdown: %d background task(s) cancelled", cancelled)

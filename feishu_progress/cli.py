@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(settings)
     if args.command == "migrate":
         return _migrate(settings, args.revision, args.down)
+    logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
     from feishu_progress.demo import main as demo_main
 
-    logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
     return demo_main(lambda line: print(line, flush=True))  # noqa: T201

@@ -38,3 +38,5 @@ def configure_logging(level: str = "INFO", *, json_lines: bool = False) -> None:
     root.setLevel(level.upper())
     # aiohttp's access log is noise at INFO for a bot that receives thousands of events a minute.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # alembic announces every plugin it sets up at INFO; the migration lines that matter are ours.
+    logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -32,6 +32,8 @@ from feishu_progress.subagents.manager import SubagentManager
 
 log = logging.getLogger(__name__)
 
+PERSIST_INTERVAL = 1.0  # seconds between saves of a task's streamed text and tool arguments
+
 
 class CardSender(Protocol):
     """Sends the first card of a task (the Feishu client satisfies it)."""
@@ -98,6 +100,7 @@ class TaskService:
         self.background = background
         self.images = ImageKeys(uploader, background)
         self.tasks: dict[int, Task] = {}
+        self._dirty: set[int] = set()
 
     # ------------------------------------------------------------------ lookup
     def get(self, session_id: int) -> Task:
@@ -199,6 +202,7 @@ class TaskService:
         task = self.get(session_id)
         async with task.lock:
             self._check_accepts(task.state, batch.events)
+            before = (task.state.status, task.state.round)
             for event in batch.events:
                 await self._apply_one(task, event)
             now = self.clock.wall()
@@ -208,8 +212,33 @@ class TaskService:
                 task.state.finished_at = now
             self.metrics.events.inc(len(batch.events))
             self.sync_card(task, urgent=terminal)
-            await self._persist(task.state, finished=terminal)
+            if (task.state.status, task.state.round) != before:
+                # A new status or round is saved at once; streamed text and tool arguments are saved
+                # at most once per PERSIST_INTERVAL (persist_loop), which keeps the database off the hot path.
+                self._dirty.discard(session_id)
+                await self._persist(task.state, finished=terminal)
+            else:
+                self._dirty.add(session_id)
         return len(batch.events)
+
+    async def flush_dirty(self) -> int:
+        """Save every task whose streamed state changed since its last save; returns how many."""
+        saved = 0
+        while self._dirty:
+            task = self.tasks.get(self._dirty.pop())
+            if task is not None:
+                await self._persist(task.state, finished=task.state.status.is_terminal)
+                saved += 1
+        return saved
+
+    async def persist_loop(self) -> None:
+        """Run ``flush_dirty`` every PERSIST_INTERVAL seconds until cancelled."""
+        while True:
+            await self.clock.sleep(PERSIST_INTERVAL)
+            try:
+                await self.flush_dirty()
+            except Exception:  # the loop must survive a bad pass
+                log.exception("saving task snapshots failed")
 
     def _check_accepts(self, state: TaskState, events: Iterable[ev.Event]) -> None:
         ordered = list(events)
