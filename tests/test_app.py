@@ -239,3 +239,23 @@ async def test_readyz_reports_a_broken_feishu_token(
     async with aiohttp.ClientSession() as http, http.get(f"{admin_url}/readyz") as response:
         assert response.status == 503
         assert "feishu_token" in (await response.json())["reasons"]
+
+
+async def test_a_recalled_card_stops_and_its_clicks_say_so(
+    client: TestClient[Any, Any], sandbox: RunningSandbox
+) -> None:
+    session_id, message_id = await _create(client)
+    sandbox.state.recall(message_id)
+    await _events(client, session_id, {"type": "content", "text": "after the recall"})
+    deadline = time.monotonic() + 5
+    while (await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json())["stop_reason"] is None:
+        assert time.monotonic() < deadline, "the scheduler kept PATCHing a recalled message"
+        await asyncio.sleep(0.05)
+    patches_before = sandbox.state.requests["patch"]
+    await _events(client, session_id, {"type": "content", "text": "more"})
+    await asyncio.sleep(0.5)
+    assert sandbox.state.requests["patch"] == patches_before
+    reply = await _click(
+        client, message_id, REQUESTER, {"v": 1, "action": "cancel", "session_id": session_id}, "z"
+    )
+    assert reply["toast"]["content"] == "卡片已过期,请在会话详情中操作"

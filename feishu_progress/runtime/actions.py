@@ -70,6 +70,8 @@ class CardActions:
             return _toast("error", "card.toast.unknown_task")
         if task.state.message_id and event.message_id and event.message_id != task.state.message_id:
             return _toast("error", "card.toast.expired")
+        if task.card.stopped_reason is not None:  # past the 14-day window, recalled or deleted
+            return _toast("info", "card.toast.expired")
         if not self._may_act(task, event):
             log.info(
                 "click %s on task %s refused: operator is not the requester", click.action, click.session_id

@@ -1,4 +1,4 @@
-"""The tools catalog: nine real locales per key, consistent placeholders, and every key code refers to."""
+"""Every catalog: nine real locales per key, consistent placeholders, and every key the code refers to."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import re
 import string
 from pathlib import Path
 
-from feishu_progress.i18n.core import CATALOG_LOCALES
-from feishu_progress.i18n.messages.tools import MESSAGES
+from feishu_progress.i18n.core import CATALOG_LOCALES, all_messages
 
-PREFIXES = ("tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.")
-TOOLS_DIR = Path(__file__).resolve().parents[1] / "feishu_progress" / "tools"
-# Keys whose text is only placeholders, units or product names are the same in every language.
+MESSAGES = all_messages()
+PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.")
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "feishu_progress"
+NOT_KEYS = {"card.action.trigger"}  # Feishu's event type, not a catalog key
+# Keys whose text is only placeholders, units or product names are the same in every language
+# ("Status" is also the German and Portuguese word).
 LANGUAGE_NEUTRAL = re.compile(
-    r"^(tool\.(label|line\.detail|asktool\.line|detail\.(exit|http))|view\.subagents\.tokens)"
+    r"^(tool\.(label|line\.detail|asktool\.line|detail\.(exit|http))|view\.subagents\.tokens|card\.status$)"
 )
 
 
@@ -51,9 +53,9 @@ def test_plural_pairs_are_complete() -> None:
             assert key[: -len(".one")] + ".other" in MESSAGES, key
 
 
-def test_every_literal_key_in_tools_code_exists() -> None:
-    source = "\n".join(path.read_text(encoding="utf-8") for path in TOOLS_DIR.glob("*.py"))
-    literals = set(re.findall(r'"((?:tool|view)\.[A-Za-z_.]+)"', source))
-    literals = {key for key in literals if not key.endswith(".")}
+def test_every_literal_key_in_the_code_exists() -> None:
+    source = "\n".join(path.read_text(encoding="utf-8") for path in PACKAGE_DIR.rglob("*.py"))
+    literals = set(re.findall(r'"((?:card|tool|view)\.[A-Za-z_.]+)"', source))
+    literals = {key for key in literals if not key.endswith(".")} - NOT_KEYS
     missing = {key for key in literals if key not in MESSAGES and key + ".one" not in MESSAGES}
     assert not missing
