@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 
-from feishu_progress.domain import Notice, PendingApproval, PendingAsk, TaskStatus
+from feishu_progress.domain import Notice, PendingApproval, PendingAsk, SubagentSummary, TaskStatus
 from feishu_progress.metrics import Metrics
 from feishu_progress.progress import CardContext, CardState, LiveCard, LiveCardRegistry
 from tests.fakes import FakeClock
@@ -228,3 +229,37 @@ async def test_the_registry_finds_cards_by_session_and_message_and_counts_them()
     assert registry.remove(7) is card
     assert registry.by_message("om_7") is None and len(registry) == 0
     assert metrics.value("fp_live_cards") == 0
+
+
+class _SnapshotAtStart:
+    """A source that reads its rows when the query starts, then takes ``delay`` to answer (like a DB)."""
+
+    def __init__(self, clock: FakeClock, delay: float) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.rows: list[int] = []
+        self.calls = 0
+
+    async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
+        self.calls += 1
+        seen = list(self.rows)
+        await self.clock.sleep(self.delay)
+        return [subagent(task_id) for task_id in seen]
+
+    async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
+        return {sid: await self.list_running(sid) for sid in parent_session_ids}
+
+
+async def test_a_subagent_that_starts_during_a_load_is_not_lost() -> None:
+    async with Harness() as h:
+        source = _SnapshotAtStart(h.clock, delay=0.2)
+        source.rows = [1]
+        card = h.card(subagents=source)  # type: ignore[arg-type]
+        card.update(RUNNING, 1, "working", ())
+        await h.clock.advance(0.1)  # the delivery's load is reading [1]
+        source.rows = [1, 2]  # the second subagent is written meanwhile...
+        card.subagents_changed()  # ...and the service says so
+        await h.clock.advance(2.0)
+        # The stale list went out at most once; the card was delivered again with both subagents.
+        assert h.sink.records[-1].card["subagents"] == [1, 2]
+        assert source.calls == 2

@@ -95,6 +95,7 @@ class LiveCard:
         self._subagents: tuple[SubagentSummary, ...] = ()
         self._subagents_loaded_at: float | None = None
         self._loads_done = 0
+        self._subagent_generation = 0  # bumped by subagents_changed(): a load that spans a bump is stale
         self._load_lock = asyncio.Lock()
         self._metrics = metrics
 
@@ -141,9 +142,12 @@ class LiveCard:
 
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery:
         """Load subagents (cached, RUNNING only), then build the newest state for one PATCH."""
+        # The version is taken before the load: anything recorded while the load runs (a subagent that
+        # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
+        version, changed_at = self._version, self._changed_at
         if self._state.status is TaskStatus.RUNNING:
             await self._load_subagents(force=False)
-        version, changed_at, model = self._version, self._changed_at, self._model()
+        model = self._model()
         builder = self._build_degraded_card if degraded else self._build_card
         return Delivery(version=version, changed_at=changed_at, card=builder(model))
 
@@ -202,6 +206,7 @@ class LiveCard:
 
     def subagents_changed(self) -> None:
         """A subagent started, moved or ended: drop the 1 s cache so the next delivery reloads it."""
+        self._subagent_generation += 1
         self._subagents_loaded_at = None
         if self._state.status is TaskStatus.RUNNING:
             self._touch(urgent=False)
@@ -270,7 +275,7 @@ class LiveCard:
             return
         loads_before = self._loads_done
         async with self._load_lock:  # at most one load in flight per card
-            if self._loads_done != loads_before:
+            if self._loads_done != loads_before and self._cache_fresh():
                 return  # a load finished while we waited: it is as fresh as ours would be
             if not force and self._cache_fresh():
                 self._count_cache("hit")
@@ -283,6 +288,7 @@ class LiveCard:
             self._metrics.subagent_cache.labels(result=result).inc()
 
     async def _run_load(self, source: SubagentSource) -> None:
+        generation = self._subagent_generation
         try:
             loaded = await source.list_running(self.session_id)
         except Exception:
@@ -297,6 +303,10 @@ class LiveCard:
             if self._state.status is TaskStatus.RUNNING:  # the task may have ended during the load
                 self._subagents = tuple(loaded)
         finally:
-            if self._state.status is TaskStatus.RUNNING:  # a failed load is cached too: no hammering
+            running = self._state.status is TaskStatus.RUNNING
+            # A subagent changed while we were reading: this list may predate it, so it is not cached
+            # (the change bumped the version, so the scheduler delivers again with a fresh load).
+            stale = generation != self._subagent_generation
+            if running and not stale:  # a failed load is cached too: no hammering
                 self._subagents_loaded_at = self._clock.monotonic()
             self._loads_done += 1
