@@ -22,6 +22,7 @@ from aiohttp import web
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.cards.plaintext import card_as_text
+from feishu_progress.cards.validate import card_bytes, element_count
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -57,6 +58,8 @@ class DemoResult:
     final_status: str
     seconds: float
     metrics: list[str]
+    largest_card_bytes: int
+    largest_card_elements: int
 
 
 def tiny_png(width: int = 4, height: int = 4) -> bytes:
@@ -305,6 +308,30 @@ async def _script(run: DemoRun, image_path: Path) -> None:
             "result": "是否同时修复钉钉卡片?：否\n---\n需要哪些语言?：中文、English",
         },
         {"type": "subagent_finished", "task_id": 11, "status": "COMPLETED", "total_rounds": 3},
+        {"type": "tool_started", "call_id": "c9", "name": "edit_image", "args": {"prompt": "给猫加一副眼镜"}},
+        {
+            "type": "tool_finished",
+            "call_id": "c9",
+            "result": {
+                "images": [
+                    {
+                        "image_url": "/uploads/cat-glasses.png",
+                        "image_path": str(image_path),
+                        "size_bytes": 2048,
+                        "mime": "image/png",
+                    },
+                    {
+                        "image_url": "/uploads/missing.png",
+                        "image_path": "/nonexistent/missing.png",
+                        "size_bytes": 4096,
+                        "mime": "image/png",
+                    },
+                ],
+                "model": "gpt-image-1",
+                "size": "1024x1024",
+                "prompt": "给猫加一副眼镜",
+            },
+        },
         {"type": "tool_started", "call_id": "c8", "name": "check_subagent", "args": {"task_id": 12}},
         {
             "type": "tool_finished",
@@ -327,7 +354,7 @@ async def _script(run: DemoRun, image_path: Path) -> None:
         },
         {"type": "content", "text": "已按回答优先处理**子代理展示**;限流部分由子代理并行排查。"},
     )
-    await run.show("answers submitted; round 2 with answered questions, asktool summary, subagent progress")
+    await run.show("round 2: every rich view at once (answers, asktool, images, subagent progress)")
 
     run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, _value('cancel', run.session_id))}")
     await run.show("cancel clicked: the card says it is cancelling")
@@ -376,6 +403,8 @@ async def run_demo(out: Print = print) -> DemoResult:
                 final_status=_final_status(message.card),
                 seconds=time.monotonic() - started,
                 metrics=metrics,
+                largest_card_bytes=max(card_bytes(card) for _, card in message.history),
+                largest_card_elements=max(element_count(card) for _, card in message.history),
             )
 
 
@@ -408,6 +437,10 @@ def main(out: Print = print) -> int:
     out(f"task {result.session_id} · message {result.message_id} · final state: {result.final_status}")
     out(f"runtime events sent: {result.events} · card PATCHes delivered to the sandbox: {result.patches}")
     out(f"sandbox answers on this message by code: {result.responses} (0 = ok, 230020/99991400 = limited)")
+    out(
+        f"largest card sent: {result.largest_card_bytes:,} bytes, {result.largest_card_elements} elements "
+        "(Feishu's limits: 30 KB, 200)"
+    )
     out(f"took {result.seconds:.1f} s")
     out("metrics after the run (admin /metrics):")
     for line in result.metrics:

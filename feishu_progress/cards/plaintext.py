@@ -60,9 +60,17 @@ def _element(element: Mapping[str, Any], depth: int, lines: list[str]) -> None:
         )
         lines.append(pad + "▸ " + _text(title))
         _elements(element.get("elements"), depth + 1, lines)
-    elif tag in ("column_set",):
-        for column in element.get("columns", []) or []:
-            if isinstance(column, Mapping):
+    elif tag == "column_set":
+        columns = [c for c in element.get("columns", []) or [] if isinstance(c, Mapping)]
+        children = [
+            child for c in columns for child in c.get("elements", []) or [] if isinstance(child, Mapping)
+        ]
+        if children and all(child.get("tag") == "button" for child in children):
+            lines.append(
+                pad + " ".join(f"[{_text(child.get('text'))}]" for child in children)
+            )  # a button row
+        else:
+            for column in columns:
                 _elements(column.get("elements"), depth, lines)
     elif tag in ("form", "interactive_container"):
         _elements(element.get("elements"), depth, lines)
