@@ -14,7 +14,13 @@ import pytest
 
 from feishu_progress.cards import sections
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
-from feishu_progress.cards.validate import card_bytes, card_problems, element_count, nesting_depth
+from feishu_progress.cards.validate import (
+    card_bytes,
+    card_problems,
+    element_count,
+    nesting_depth,
+    tagged_objects,
+)
 from feishu_progress.domain import (
     AskOption,
     AskQuestion,
@@ -54,16 +60,9 @@ OUR_TAGS = re.compile(r"<text_tag color='[a-z]+'>|</text_tag>")
 # -- helpers shared with test_cards_properties --------------------------------------------------
 
 
-def tagged(node: Any) -> Iterator[dict[str, Any]]:
-    """Every object with a ``tag`` under ``node``."""
-    if isinstance(node, dict):
-        if "tag" in node:
-            yield node
-        for value in node.values():
-            yield from tagged(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from tagged(value)
+def tagged(node: Any) -> Iterator[Any]:
+    """Every object with a ``tag`` under ``node`` (the validator's own walk)."""
+    return tagged_objects(node)
 
 
 def rendered_texts(card: dict[str, Any]) -> Iterator[str]:

@@ -46,20 +46,21 @@ def _components(nodes: Any, depth: int) -> Iterator[tuple[Mapping[str, Any], int
                 yield from _components(node.get(key), depth + 1)
 
 
-def _tagged_objects(value: Any) -> Iterator[Mapping[str, Any]]:
+def tagged_objects(value: Any) -> Iterator[Mapping[str, Any]]:
+    """Every object with a ``tag`` under ``value`` (components and text elements alike)."""
     if isinstance(value, Mapping):
         if "tag" in value:
             yield value
         for child in value.values():
-            yield from _tagged_objects(child)
+            yield from tagged_objects(child)
     elif isinstance(value, list):
         for child in value:
-            yield from _tagged_objects(child)
+            yield from tagged_objects(child)
 
 
 def element_count(card: Mapping[str, Any]) -> int:
     """Components plus text elements (every object with a ``tag``) in the body: Feishu's 200 limit."""
-    return sum(1 for _ in _tagged_objects(card.get("body", {})))
+    return sum(1 for _ in tagged_objects(card.get("body", {})))
 
 
 def nesting_depth(card: Mapping[str, Any]) -> int:
@@ -96,7 +97,7 @@ def _uniqueness_problems(card: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
     seen_ids: set[str] = set()
     seen_names: set[str] = set()
-    for obj in _tagged_objects(card.get("body", {})):
+    for obj in tagged_objects(card.get("body", {})):
         element_id = obj.get("element_id")
         if isinstance(element_id, str):
             if element_id in seen_ids:
@@ -109,7 +110,7 @@ def _uniqueness_problems(card: Mapping[str, Any]) -> list[str]:
             seen_names.add(name)
         if obj.get("tag") == "form" and not any(
             child.get("tag") == "button" and child.get("form_action_type") == "submit"
-            for child in _tagged_objects(obj.get("elements", []))
+            for child in tagged_objects(obj.get("elements", []))
         ):
             problems.append(f"form {obj.get('name')!r} has no submit button")
     return problems
