@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 
 import pytest
 
@@ -370,3 +371,17 @@ async def test_a_patch_cut_short_by_stop_is_sent_again_after_a_restart() -> None
     assert h.sink.records[-1].outcome == PatchOutcome.delivered()
     assert h.scheduler.pending_message_ids() == []
     await h.scheduler.stop()
+
+
+def test_a_budget_slot_frees_one_window_after_the_request_ended_not_started() -> None:
+    from feishu_progress.progress.budget import SlidingWindow
+
+    window = SlidingWindow(limit=2, window=1.0)
+    window.record(0.0)
+    window.record(0.0)
+    assert window.next_free(0.5) == math.inf  # both slots held by requests still in flight
+    window.settle(0.3)  # the first answer came back at 0.3: the gateway saw it by then at the latest
+    assert window.next_free(0.5) == 1.3
+    window.settle(0.4)
+    assert window.next_free(1.0) == 1.3
+    assert window.next_free(1.3) == 1.3  # the first slot is free again; the second frees at 1.4

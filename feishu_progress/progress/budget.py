@@ -9,8 +9,8 @@ minute is not spent in its first 20 seconds and then leaves every card waiting 4
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import deque
 
 from feishu_progress.config import RateSettings
 
@@ -20,27 +20,42 @@ _TOKEN_SLACK = 1e-6
 
 
 class SlidingWindow:
-    """At most ``limit`` events in any window of ``window`` seconds."""
+    """At most ``limit`` requests in any window of ``window`` seconds, as the gateway counts them.
+
+    The gateway counts a request when it ARRIVES, somewhere between our start and the answer. So a slot
+    is held from the start (``record``) and only freed one window after the request ENDED (``settle``):
+    counting from the start would free it early by the request's latency, and a faster next request
+    could then land inside the gateway's window (measured against the sandbox: 429s at the window edges).
+    """
 
     def __init__(self, limit: int, window: float) -> None:
         self.limit = limit
         self.window = window
-        self._starts: deque[float] = deque()
+        self._ends: list[float] = []  # sorted end times of settled requests still inside a window
+        self._in_flight = 0
 
     def _prune(self, now: float) -> None:
-        while self._starts and self._starts[0] + self.window <= now:
-            self._starts.popleft()
+        del self._ends[: bisect.bisect_right(self._ends, now - self.window)]
 
     def next_free(self, now: float) -> float:
-        """The earliest time an event fits (``now`` when it fits already)."""
+        """The earliest time a request fits (``now`` when it fits already, ``inf`` until a flight ends)."""
         self._prune(now)
-        if len(self._starts) < self.limit:
+        excess = len(self._ends) + self._in_flight - self.limit
+        if excess < 0:
             return now
-        return self._starts[len(self._starts) - self.limit] + self.window
+        if excess >= len(self._ends):
+            return math.inf  # every slot is held by a request still in flight
+        return self._ends[excess] + self.window
 
     def record(self, now: float) -> None:
-        """Count one event at ``now``."""
-        self._starts.append(now)
+        """Hold one slot for a request starting at ``now``."""
+        self._in_flight += 1
+
+    def settle(self, end: float) -> None:
+        """The request holding a slot ended at ``end``: its slot frees one window later."""
+        if self._in_flight > 0:
+            self._in_flight -= 1
+            bisect.insort(self._ends, end)
 
 
 class TokenBucket:
@@ -102,6 +117,11 @@ class AppBudget:
         self._minute.record(now)
         self._spread.record(now)
         return True
+
+    def settle(self, end: float) -> None:
+        """One request counted by ``try_take`` ended at ``end`` (answered, failed or cancelled)."""
+        self._second.settle(end)
+        self._minute.settle(end)
 
     def pause_until(self, until: float) -> None:
         """Stop spending until ``until`` (never shortens a longer pause)."""

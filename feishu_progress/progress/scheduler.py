@@ -240,7 +240,8 @@ class DeliveryScheduler:
                 # One bad pass must not end every card's delivery: log it and look again shortly.
                 log.exception("delivery dispatcher pass failed")
                 wake_at = now + self._interval
-            timeout = None if wake_at is None else max(wake_at - now, _MIN_SLEEP)
+            # inf: the budget is held by PATCHes in flight; the end of one of them wakes us.
+            timeout = None if wake_at is None or math.isinf(wake_at) else max(wake_at - now, _MIN_SLEEP)
             await self._wait(self._events.wake, timeout)
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
@@ -295,6 +296,13 @@ class DeliveryScheduler:
     # -- one PATCH --------------------------------------------------------------------------------
 
     async def _deliver(self, slot: _Slot) -> None:
+        try:
+            await self._deliver_once(slot)
+        finally:
+            # Whatever happened (answered, failed, cancelled), the budget slot frees one window from now.
+            self._budget.settle(self._clock.monotonic())
+
+    async def _deliver_once(self, slot: _Slot) -> None:
         delivery: Delivery | None = None
         try:
             delivery = await slot.card.build_for_delivery(degraded=slot.degraded)
