@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
@@ -79,6 +80,7 @@ class Services:
     admin_url: str | None = None
     public_url: str | None = None
     loops: list[asyncio.Task[Any]] = field(default_factory=list)
+    ws_thread: threading.Thread | None = None
 
     def require_service(self) -> TaskService:
         if self.service is None:
@@ -294,6 +296,10 @@ def _admin_deps(services: Services) -> AdminDeps:
         running = services.scheduler is not None and services.scheduler.running
         return None if running else "delivery scheduler not running"
 
+    async def long_connection() -> str | None:
+        alive = services.ws_thread is not None and services.ws_thread.is_alive()
+        return None if alive else "long-connection receiver thread is not running"
+
     def cards() -> list[dict[str, object]]:
         service = services.service
         if service is None:
@@ -313,7 +319,12 @@ def _admin_deps(services: Services) -> AdminDeps:
 
     return AdminDeps(
         registry=services.metrics.registry,
-        checks={"database": database, "feishu_token": feishu_token, "scheduler": scheduler},
+        checks={
+            "database": database,
+            "feishu_token": feishu_token,
+            "scheduler": scheduler,
+            **({"long_connection": long_connection} if services.settings.feishu.mode == "ws" else {}),
+        },
         cards=cards,
         token=services.settings.admin.token,
     )
@@ -328,7 +339,7 @@ def _start_long_connection(services: Services) -> None:
         asyncio.get_running_loop(),
         services.settings.card.locales,
     )
-    start_ws_receiver(services.settings, bridge)
+    services.ws_thread = start_ws_receiver(services.settings, bridge)
     log.info("long-connection (ws) receiver started in its own thread")
 
 
