@@ -41,6 +41,7 @@ from feishu_progress.runtime.actions import CardActions
 from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.runtime.dedupe import PersistentDeduper
 from feishu_progress.runtime.service import TaskService
+from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.web.admin import AdminApi, AdminDeps
 from feishu_progress.web.api import RuntimeApi, bearer_auth_middleware
@@ -202,7 +203,8 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
         settings=settings,
         repos=repos,
         subagents=manager,
-        card_subagents=TimedSubagents(manager, services.metrics),
+        # Every live card's subagent load goes through one batcher: <= 2 queries/s per process.
+        card_subagents=BatchedSubagentSource(TimedSubagents(manager, services.metrics), services.clock),
         scheduler=scheduler,
         sender=client,
         uploader=CachingImageUploader(client),
