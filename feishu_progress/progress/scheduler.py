@@ -15,6 +15,7 @@ eligible time; PATCHes run in a tracked task set. No per-card timers.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import math
 import random
@@ -234,14 +235,12 @@ class DeliveryScheduler:
             self._events.wake.clear()
             now = self._clock.monotonic()
             try:
-                self._launch_ready(now)
-                wake_at = self._next_wake_at(now)
+                wake_at = self._launch_ready(now)
             except Exception:
                 # One bad pass must not end every card's delivery: log it and look again shortly.
                 log.exception("delivery dispatcher pass failed")
                 wake_at = now + self._interval
-            # inf: the budget is held by PATCHes in flight; the end of one of them wakes us.
-            timeout = None if wake_at is None or math.isinf(wake_at) else max(wake_at - now, _MIN_SLEEP)
+            timeout = None if wake_at is None else max(wake_at - now, _MIN_SLEEP)
             await self._wait(self._events.wake, timeout)
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
@@ -258,30 +257,38 @@ class DeliveryScheduler:
             sleeper.cancel()
             await asyncio.gather(waiter, sleeper, return_exceptions=True)
 
-    def _launch_ready(self, now: float) -> None:
-        ready: list[_Slot] = []
+    def _launch_ready(self, now: float) -> float | None:
+        """Start the best ready cards the budget allows; return when to look again (None: on a wake)."""
+        budget_at = self._budget.next_available(now)
+        if budget_at > now and self._slots:
+            # The budget is spent: no card can start before budget_at, so there is no point looking at
+            # every card now. This keeps a pass O(1) while thousands of cards wait their turn.
+            return None if math.isinf(budget_at) else budget_at
+        ready: list[tuple[tuple[int, float], int, _Slot]] = []
         pending = 0
+        earliest = math.inf  # the soonest a waiting (not yet ready) card may start
         for message_id, slot in list(self._slots.items()):
             if slot.in_flight:
                 pending += 1
             elif slot.has_news:
                 pending += 1
                 if slot.next_start <= now:
-                    ready.append(slot)
+                    ready.append((slot.priority(), len(ready), slot))
+                else:
+                    earliest = min(earliest, slot.next_start)
             elif slot.card.is_terminal and slot.next_start <= now:
                 del self._slots[message_id]  # done for good; keeping it past next_start adds nothing
         self._metrics.pending_cards.set(pending)
-        ready.sort(key=_Slot.priority)
-        for slot in ready:
+        heapq.heapify(ready)  # O(n); only as many pops as the budget allows launches
+        while ready:
             if not self._budget.try_take(now):
+                earliest = now  # more are ready: the budget decides when
                 break
-            self._launch(slot, now)
-
-    def _next_wake_at(self, now: float) -> float | None:
-        waiting = [s.next_start for s in self._slots.values() if not s.in_flight and s.has_news]
-        if not waiting:
+            self._launch(heapq.heappop(ready)[2], now)
+        if math.isinf(earliest):
             return None
-        return max(min(waiting), self._budget.next_available(now))
+        wake_at = max(earliest, self._budget.next_available(now))
+        return None if math.isinf(wake_at) else wake_at
 
     def _launch(self, slot: _Slot, now: float) -> None:
         slot.in_flight = True
