@@ -214,7 +214,13 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     )
     services.service = service
     services.actions = CardActions(service, settings, services.background)
-    services.deduper = PersistentDeduper(repos.dedupe, settings.callback.dedupe_ttl_seconds, services.clock)
+    services.deduper = PersistentDeduper(
+        repos.dedupe, settings.callback.dedupe_ttl_seconds, services.clock, services.background
+    )
+    try:
+        await services.deduper.warm()
+    except Exception:  # clicks are still deduped in memory; redeliveries across the restart may pass
+        log.exception("callback dedupe keys could not be loaded")
     restored = await service.restore()
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)

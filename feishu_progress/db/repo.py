@@ -395,6 +395,16 @@ class CallbackDedupeRepository:
             )
             return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
+    async def live_keys(self, now: datetime) -> list[tuple[str, datetime]]:
+        """Every stored key whose TTL has not passed, with its expiry, soonest first (to warm a cache)."""
+        async with self._db.session() as session:
+            rows = await session.execute(
+                select(CallbackSeen.key, CallbackSeen.expires_at)
+                .where(CallbackSeen.expires_at > to_naive_utc(now))
+                .order_by(CallbackSeen.expires_at)
+            )
+            return [(key, expires_at) for key, expires_at in rows]
+
     async def purge_expired(self, now: datetime) -> int:
         """Delete keys whose TTL has passed; returns how many went."""
         async with self._db.session() as session:

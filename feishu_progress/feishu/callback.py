@@ -135,6 +135,11 @@ class MemoryDeduper:
             self._expiry.popitem(last=False)
         return True
 
+    def remember(self, key: str, expires_in: float) -> None:
+        """Record ``key`` as seen for ``expires_in`` more seconds (warming from storage, soonest first)."""
+        if expires_in > 0 and key not in self._expiry:
+            self._expiry[key] = self._now() + min(expires_in, self._ttl)
+
     def _drop_expired(self, now: float) -> None:
         while self._expiry:
             key, expires = next(iter(self._expiry.items()))

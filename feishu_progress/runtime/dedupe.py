@@ -1,38 +1,55 @@
-"""Callback dedupe that survives a restart: memory first, the ``callback_seen`` table behind it.
+"""Callback dedupe that survives a restart without putting the database on the 3-second path.
 
-The memory layer answers repeats at once. A key it has not seen is checked against the database with a
-short deadline, so a click Feishu redelivers after a restart is still caught; if the database is slow or
-down, the memory answer stands (the action log's unique dedupe key is the last line of defence).
+The memory layer answers every click. Each new key is also written to the ``callback_seen`` table in a
+tracked background task, and at startup the memory is warmed from that table, so a click Feishu
+redelivers after a restart is still caught — while the answer itself never waits on the database
+(measured: a synchronous check on SQLite made 200 concurrent clicks queue behind its write lock).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime
 
-from feishu_progress.db.repo import CallbackDedupeRepository
+from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
 from feishu_progress.feishu.callback import MemoryDeduper
 from feishu_progress.ports import Clock
+from feishu_progress.runtime.background import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
-DB_CHECK_SECONDS = 0.5
+
+def _utc(clock: Clock) -> datetime:
+    return datetime.fromtimestamp(clock.wall(), UTC).replace(tzinfo=None)
 
 
 class PersistentDeduper:
-    def __init__(self, repo: CallbackDedupeRepository, ttl_seconds: int, clock: Clock) -> None:
-        self.memory = MemoryDeduper(ttl_seconds)
+    def __init__(
+        self, repo: CallbackDedupeRepository, ttl_seconds: int, clock: Clock, background: BackgroundTasks
+    ) -> None:
+        self.memory = MemoryDeduper(ttl_seconds, now=clock.monotonic)
         self.repo = repo
         self.ttl_seconds = ttl_seconds
         self.clock = clock
+        self.background = background
+
+    async def warm(self) -> int:
+        """Load the keys still inside their TTL from the database; returns how many."""
+        now = _utc(self.clock)
+        keys = await self.repo.live_keys(now)
+        for key, expires_at in keys:
+            self.memory.remember(key, (expires_at - now).total_seconds())
+        return len(keys)
 
     async def first_seen(self, key: str) -> bool:
-        if not await self.memory.first_seen(key):
+        stored = storable_key(key)  # the same form the table holds, so warmed keys match
+        if not await self.memory.first_seen(stored):
             return False
-        now = datetime.fromtimestamp(self.clock.wall(), UTC).replace(tzinfo=None)
+        self.background.spawn(self._store(stored), name="callback-seen")
+        return True
+
+    async def _store(self, key: str) -> None:
         try:
-            return await asyncio.wait_for(self.repo.first_seen(key, self.ttl_seconds, now), DB_CHECK_SECONDS)
-        except Exception as exc:  # the memory answer stands
-            log.warning("callback dedupe table unavailable (%s); using memory only", type(exc).__name__)
-            return True
+            await self.repo.first_seen(key, self.ttl_seconds, _utc(self.clock))
+        except Exception as exc:  # the memory layer still holds it for this process's lifetime
+            log.warning("callback dedupe key could not be stored (%s)", type(exc).__name__)
