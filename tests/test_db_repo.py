@@ -326,3 +326,24 @@ async def test_aware_datetimes_are_stored_as_naive_utc(db: Database) -> None:
     assert record is not None
     assert (record.started_at, record.last_event_at) == (T0, T0 + timedelta(hours=1))
     assert record.started_at.tzinfo is None
+
+
+async def test_save_states_writes_many_cards_in_one_call(db: Database) -> None:
+    from feishu_progress.db.repo import StateRow, TaskRepository
+
+    tasks = TaskRepository(db)
+    now = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+    ids = [await tasks.create_task(f"t{n}", "oc_1", "chat_id", "ou_1", None, None, now) for n in range(3)]
+    await tasks.save_states(
+        [
+            StateRow(sid, "RUNNING", n + 1, f'{{"n": {n}}}', now + timedelta(seconds=n))
+            for n, sid in enumerate(ids)
+        ]
+    )
+    records = [await tasks.get(sid) for sid in ids]
+    assert [(r.round, r.snapshot) for r in records if r is not None] == [
+        (1, '{"n": 0}'),
+        (2, '{"n": 1}'),
+        (3, '{"n": 2}'),
+    ]
+    await tasks.save_states([])  # nothing to do is not an error

@@ -325,6 +325,7 @@ async def test_restart_after_kill_reattaches_the_same_card(harness: Harness) -> 
         {"type": "content", "text": "第一段"},
     )
     await harness.card_status(message_id, "正在处理")
+    await asyncio.sleep(1.5)  # rounds and text are saved at most once a second (runtime/service.py)
     await harness.stop(service, signal.SIGKILL)
 
     service = await harness.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -113,6 +113,18 @@ def _action_record(row: TaskAction) -> ActionRecord:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One card's state for ``TaskRepository.save_states``."""
+
+    session_id: int
+    status: str
+    round: int
+    snapshot: str
+    last_event_at: datetime
+    finished_at: datetime | None = None
+
+
 class TaskRepository:
     """Tasks: a session row plus the live card row that survives restarts."""
 
@@ -183,6 +195,24 @@ class TaskRepository:
         }
         await self._update_card(session_id, values)
 
+    async def save_states(self, rows: Sequence[StateRow]) -> None:
+        """Persist many cards' latest states in one statement (the periodic save of streamed state)."""
+        if not rows:
+            return
+        params = [
+            {
+                "session_id": row.session_id,
+                "status": TaskStatus(row.status).value,
+                "round": row.round,
+                "snapshot": row.snapshot,
+                "last_event_at": to_naive_utc(row.last_event_at),
+                "finished_at": None if row.finished_at is None else to_naive_utc(row.finished_at),
+            }
+            for row in rows
+        ]
+        async with self._db.session() as session:
+            await session.execute(update(TaskCard), params)  # ORM bulk UPDATE by primary key
+
     async def set_disliked(self, session_id: int, disliked: bool) -> None:
         """Record the 点踩 toggle."""
         await self._update_card(session_id, {"disliked": disliked})
@@ -239,9 +269,8 @@ class SubagentRepository:
         _check_ref("child_external_id", child_external_id)
         _check_ref("agent_type", agent_type)
         invocation = InvocationType(invocation_type).value
-        existing = await self.find(parent_session_id, task_ref)
-        if existing is not None:
-            return existing
+        # No look-up first: a repeated start is rare, and the unique (parent, task_ref) key catches it
+        # below, so the common case costs one transaction instead of two.
         try:
             async with self._db.session() as session:
                 child = SessionRow(
