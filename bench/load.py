@@ -1,0 +1,540 @@
+"""Benchmark: N live cards under realistic event streams, our service vs the naive baseline (sandbox).
+
+    python bench/load.py --tasks 100,1000,5000 --runs 3
+
+Three processes per run, so each one's CPU is its own: the SANDBOX (Feishu's limits: 5/s per message,
+50/s and 1000/min per app on PATCH; the send limit is lifted so creating 5 000 tasks does not take five
+minutes), the SERVICE under test (``create_app`` with SQLite in a temp dir, or ``bench/naive.py``), and
+this process, the RUNTIME CLIENTS: one coroutine per task that every ``--flush-ms`` POSTs, as one batch,
+the events its stream produced meanwhile (one step every 20–50 ms of real time, see workload.py).
+
+TIME IS SCALED for the larger sizes: the service and the sandbox share a clock where ``scale`` seconds
+pass per real second (bench/common.py ScaledClock), so budgets, pacing, caches and staleness are in
+scaled seconds while events arrive in real time. The tables say which scale each size ran at.
+
+Per run: RSS before/after creating N idle tasks; a stream phase; then every task finishes and we wait
+(bounded) for the sandbox to hold every final card. Metrics, all measured at the sandbox unless noted:
+rate-limit answers (230020, 99991400/429); final states delivered; budget use = PATCHes delivered in the
+window ÷ 1000/min × window; Jain's index of PATCHes per card; staleness = gap between two consecutive
+PATCHes of one card (every card always has news) against the ideal cards ÷ (1000/60 s); events/s
+accepted by the service; the service's CPU s per 1 000 events (its time.process_time); subagent queries
+per (scaled) second as the service counted them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import math
+import multiprocessing
+import pstats
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import itertools
+
+from bench.common import ScaledClock, jain, median, percentile, rss_bytes, write_section
+from bench.workload import TaskStream
+
+APP_ID = "cli_bench"
+APP_SECRET = "bench-secret"
+API_TOKEN = "bench-api-token"
+PER_MINUTE = 1000.0
+BUDGET_PER_SECOND = PER_MINUTE / 60.0
+WARM_TASKS = 5
+CREATE_CONCURRENCY = 64
+DEFAULT_SECONDS = {100: 20.0, 1000: 30.0, 5000: 45.0}
+DEFAULT_SCALE = {100: 3.0, 1000: 5.0, 5000: 20.0}
+
+
+# --- the sandbox process ---------------------------------------------------------------------------
+
+
+def _serve_sandbox(queue: Any, scale: float) -> None:
+    from feishu_progress.sandbox.server import STATE_KEY, create_sandbox_app
+    from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+
+    class BenchSandboxState(SandboxState):
+        """Feishu's limits on PATCH; none on send, so setting up thousands of tasks is quick."""
+
+        def app_limit(self, endpoint: str) -> Answer | None:
+            return None if endpoint == "send" else super().app_limit(endpoint)
+
+    scaled = ScaledClock(scale)
+
+    async def report(request: web.Request) -> web.Response:
+        state = request.app[STATE_KEY]
+        since = float(request.query.get("since", "-inf"))
+        offset = scaled.monotonic() - state.now()  # sandbox time counts from its start
+        messages = {}
+        for mid, message in state.messages.items():
+            times = [t + offset for t, _ in message.history[1:] if t + offset >= since]
+            header = message.card.get("header", {})
+            messages[mid] = {"times": times, "template": header.get("template")}
+        return web.json_response(
+            {
+                "responses": {str(k): v for k, v in state.responses.items()},
+                "requests": dict(state.requests),
+                "now": state.now(),
+                "messages": messages,
+            }
+        )
+
+    async def serve() -> None:
+        clock = scaled
+        config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
+        app = create_sandbox_app(config, clock=clock.monotonic)
+        app[STATE_KEY] = BenchSandboxState(config, clock.monotonic)
+        app.router.add_get("/_bench/report", report)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        queue.put(f"http://{host}:{port}")
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+# --- the service process ---------------------------------------------------------------------------
+
+
+def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdir: str) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.CRITICAL)
+    from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+
+    clock = ScaledClock(scale)
+    feishu = FeishuSettings(base_url=sandbox_url, app_id=APP_ID, app_secret=APP_SECRET, timeout_seconds=30)
+    database_url = f"sqlite+aiosqlite:///{Path(workdir) / 'bench.db'}"
+
+    async def serve() -> None:
+        if kind == "ours":
+            from feishu_progress.app import SERVICES, create_app
+
+            settings = Settings(
+                database_url=database_url,
+                feishu=feishu,
+                http=HttpSettings(host="127.0.0.1", port=0),
+                admin=AdminSettings(host="127.0.0.1", port=0),
+                api=ApiSettings(token=API_TOKEN),
+            )
+            app = create_app(settings, clock=clock)
+
+            def counters() -> dict[str, Any]:
+                registry = app[SERVICES].metrics.registry
+                value = registry.get_sample_value
+                outcomes = ("delivered", "retry_message", "pause_app", "backoff", "stop", "degrade")
+                return {
+                    "events": value("fp_events_total") or 0,
+                    "subagent_queries": value("fp_subagent_query_seconds_count") or 0,
+                    "patch_attempts": sum(value("fp_patches_total", {"outcome": o}) or 0 for o in outcomes),
+                    "live_cards": value("fp_live_cards") or 0,
+                }
+        else:
+            from bench.naive import NaiveService
+
+            naive = NaiveService(database_url, feishu, clock)
+            app = naive.app()
+            counters = naive.stats
+
+        async def stats(request: web.Request) -> web.Response:
+            if request.query.get("gc"):
+                gc.collect()
+            return web.json_response({"cpu": time.process_time(), "rss": rss_bytes(), **counters()})
+
+        profiler = cProfile.Profile()
+
+        async def profile(request: web.Request) -> web.Response:
+            if request.query.get("action") == "start":
+                profiler.enable()
+                return web.json_response({})
+            profiler.disable()
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+            return web.json_response({"text": out.getvalue()})
+
+        app.router.add_get("/_bench/stats", stats)
+        app.router.add_get("/_bench/profile", profile)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        queue.put(f"http://{host}:{port}")
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    kind: str
+    tasks: int
+    scale: float
+    seconds: float
+    rate_limit_230020: int = 0
+    rate_limit_429: int = 0
+    finals_pct: float = math.nan
+    finals_seconds: float = math.nan  # scaled seconds from the last finish POST to the last final card
+    budget_use_pct: float = math.nan
+    jain: float = math.nan
+    stale_p50: float = math.nan
+    stale_p99: float = math.nan
+    ideal: float = math.nan
+    events_offered: int = 0
+    events_per_s: float = math.nan
+    cpu_per_1k: float = math.nan
+    cpu_util: float = math.nan
+    rss_per_card: float = math.nan
+    subagent_qps: float = math.nan
+    mean_batch: float = math.nan
+    post_errors: int = 0
+    client_cpu_util: float = math.nan
+    notes: list[str] = field(default_factory=list)
+    profile: str = ""
+
+
+class Bench:
+    def __init__(self, http: aiohttp.ClientSession, service: str, sandbox: str, scale: float) -> None:
+        self.http = http
+        self.service = service
+        self.sandbox = sandbox
+        self.clock = ScaledClock(scale)
+        self.accepted = 0
+        self.posts = 0
+        self.errors = 0
+
+    async def stats(self, gc_first: bool = False) -> dict[str, Any]:
+        params = {"gc": "1"} if gc_first else {}
+        async with self.http.get(f"{self.service}/_bench/stats", params=params) as response:
+            return dict(await response.json())
+
+    async def report(self, since: float = -math.inf) -> dict[str, Any]:
+        async with self.http.get(f"{self.sandbox}/_bench/report", params={"since": str(since)}) as response:
+            return dict(await response.json())
+
+    async def create(self, index: int) -> tuple[int, str]:
+        body = {
+            "receive_id": f"oc_bench_{index}",
+            "receive_id_type": "chat_id",
+            "requester_open_id": "ou_bench",
+            "title": f"压测任务 {index}",
+        }
+        for attempt in range(3):  # a saturated naive service may answer 500 (SQLite busy): retry
+            async with self.http.post(f"{self.service}/v1/tasks", json=body) as response:
+                if response.status == 201:
+                    data = await response.json()
+                    return int(data["session_id"]), str(data["message_id"])
+                text = await response.text()
+            await asyncio.sleep(0.5 * (attempt + 1))
+        raise RuntimeError(f"create answered {response.status} three times: {text[:200]}")
+
+    async def create_many(self, count: int, offset: int) -> list[tuple[int, str]]:
+        gate = asyncio.Semaphore(CREATE_CONCURRENCY)
+
+        async def one(i: int) -> tuple[int, str]:
+            async with gate:
+                return await self.create(offset + i)
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+    async def post(self, session_id: int, events: list[dict[str, Any]]) -> None:
+        url = f"{self.service}/v1/tasks/{session_id}/events"
+        try:
+            async with self.http.post(url, json={"events": events}) as response:
+                await response.read()
+                ok = response.status == 202
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        self.posts += 1
+        if ok:
+            self.accepted += len(events)
+        else:
+            self.errors += 1
+
+    async def stream(self, session_id: int, task: TaskStream, flush: float, stop: asyncio.Event) -> None:
+        await asyncio.sleep(random.uniform(0, flush))
+        while not stop.is_set():
+            events = task.due(time.monotonic())
+            if events:
+                await self.post(session_id, events)
+            await asyncio.sleep(flush * random.uniform(0.8, 1.2))
+
+
+async def one_run(
+    kind: str, *, tasks: int, seconds: float, scale: float, flush: float, seed: int, profile: bool = False
+) -> RunResult:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    result = RunResult(kind, tasks, scale, seconds)
+    with tempfile.TemporaryDirectory(prefix="fp-bench-") as workdir:
+        sandbox_proc = context.Process(target=_serve_sandbox, args=(queue, scale), daemon=True)
+        sandbox_proc.start()
+        sandbox_url = queue.get(timeout=60)
+        service_proc = context.Process(
+            target=_serve_service, args=(queue, kind, sandbox_url, scale, workdir), daemon=True
+        )
+        service_proc.start()
+        try:
+            service_url = queue.get(timeout=60)
+            connector = aiohttp.TCPConnector(limit=256)
+            timeout = aiohttp.ClientTimeout(total=120)
+            headers = {"Authorization": f"Bearer {API_TOKEN}"}
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
+                bench = Bench(http, service_url, sandbox_url, scale)
+                await _measure(
+                    bench, result, tasks=tasks, seconds=seconds, flush=flush, seed=seed, profile=profile
+                )
+        finally:
+            for proc in (service_proc, sandbox_proc):
+                proc.terminate()
+                proc.join(10)
+    return result
+
+
+async def _measure(
+    bench: Bench,
+    result: RunResult,
+    *,
+    tasks: int,
+    seconds: float,
+    flush: float,
+    seed: int,
+    profile: bool = False,
+) -> None:
+    rng = random.Random(seed)
+    clock = bench.clock
+    # Warm up (imports, pools, first token), then RSS of N idle live cards.
+    await bench.create_many(WARM_TASKS, 10_000_000)
+    rss0 = (await bench.stats(gc_first=True))["rss"]
+    created = await bench.create_many(tasks, 0)
+    rss1 = (await bench.stats(gc_first=True))["rss"]
+    result.rss_per_card = (rss1 - rss0) / tasks
+
+    # Stream phase.
+    streams = {
+        sid: TaskStream(i, time.monotonic(), random.Random(rng.random()))
+        for i, (sid, _) in enumerate(created)
+    }
+    stop = asyncio.Event()
+    before = await bench.stats()
+    window_start = clock.monotonic()
+    client_cpu0, real0 = time.process_time(), time.monotonic()
+    if profile:
+        await bench.http.get(f"{bench.service}/_bench/profile", params={"action": "start"})
+    loops = [asyncio.create_task(bench.stream(sid, s, flush, stop)) for sid, s in streams.items()]
+    await asyncio.sleep(seconds)
+    stop.set()
+    if profile:
+        async with bench.http.get(f"{bench.service}/_bench/profile", params={"action": "stop"}) as response:
+            result.profile = (await response.json())["text"]
+    after = await bench.stats()
+    real1, client_cpu1 = time.monotonic(), time.process_time()
+    window_end = clock.monotonic()
+    await asyncio.gather(*loops)
+    accepted = after["events"] - before["events"]
+    result.events_offered = bench.accepted
+    result.events_per_s = accepted / (real1 - real0)
+    result.cpu_per_1k = (after["cpu"] - before["cpu"]) / accepted * 1000 if accepted else math.nan
+    result.cpu_util = (after["cpu"] - before["cpu"]) / (real1 - real0)
+    result.client_cpu_util = (client_cpu1 - client_cpu0) / (real1 - real0)
+    result.subagent_qps = (after["subagent_queries"] - before["subagent_queries"]) / (
+        window_end - window_start
+    )
+    result.mean_batch = bench.accepted / max(1, bench.posts)
+    result.post_errors = bench.errors
+
+    # Final phase: every task finishes; wait (bounded) for every final card.
+    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
+
+    async def finish(sid: int, stream: TaskStream) -> None:
+        async with gate:
+            await bench.post(sid, stream.final())
+
+    await asyncio.gather(*(finish(sid, s) for sid, s in streams.items()))
+    finished_at = clock.monotonic()
+    ideal_drain = tasks / BUDGET_PER_SECOND  # scaled seconds to deliver one PATCH per card
+    deadline = time.monotonic() + max(10.0, 2 * ideal_drain / clock.scale + 5)
+    ours = {mid for _, mid in created}
+    while True:
+        report = await bench.report(since=window_start)
+        done = sum(1 for mid in ours if report["messages"][mid]["template"] == "green")
+        if done == tasks or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    result.finals_pct = 100.0 * done / tasks
+    last = max((max(report["messages"][m]["times"], default=finished_at) for m in ours), default=finished_at)
+    result.finals_seconds = last - finished_at if done == tasks else math.nan
+    result.rate_limit_230020 = int(report["responses"].get("230020", 0))
+    result.rate_limit_429 = int(report["responses"].get("99991400", 0))
+    _delivery_metrics(result, report, ours, start=window_start, end=window_end, tasks=tasks)
+
+
+def _delivery_metrics(
+    result: RunResult, report: dict[str, Any], ours: set[str], *, start: float, end: float, tasks: int
+) -> None:
+    counts: list[int] = []
+    gaps: list[float] = []
+    for mid in ours:
+        times = [t for t in report["messages"][mid]["times"] if start <= t <= end]
+        counts.append(len(times))
+        gaps.extend(b - a for a, b in itertools.pairwise(times))
+    window = end - start
+    # What Feishu's two windows admit over `window` s: 50/s, and 1000 per 60 s (pro rata past a minute).
+    allowed = min(50 * window, PER_MINUTE * max(1.0, window / 60))
+    result.budget_use_pct = 100.0 * sum(counts) / allowed
+    if window < 60:
+        result.notes.append("window < 60 scaled s: budget use counts the whole 1000/min as allowed")
+    result.jain = jain(counts)
+    result.stale_p50 = percentile(gaps, 50)
+    result.stale_p99 = percentile(gaps, 99)
+    result.ideal = tasks / BUDGET_PER_SECOND
+    if not gaps:
+        result.notes.append("no card got two PATCHes in the window: staleness not measurable")
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+ROWS: list[tuple[str, str, str]] = [
+    # (label, attribute, format)
+    ("rate-limit answers 230020", "rate_limit_230020", "{:.0f}"),
+    ("rate-limit answers 99991400/429", "rate_limit_429", "{:.0f}"),
+    ("final states delivered", "finals_pct", "{:.1f} %"),
+    ("time to deliver all finals (scaled s)", "finals_seconds", "{:.1f}"),
+    ("budget use (demand > budget)", "budget_use_pct", "{:.1f} %"),
+    ("Jain's index of PATCHes per card", "jain", "{:.3f}"),
+    ("staleness p50 (scaled s)", "stale_p50", "{:.2f}"),
+    ("staleness p99 (scaled s)", "stale_p99", "{:.2f}"),
+    ("ideal staleness = cards ÷ 16.7/s", "ideal", "{:.2f}"),
+    ("events/s accepted (real s)", "events_per_s", "{:,.0f}"),
+    ("mean events per POST", "mean_batch", "{:.1f}"),
+    ("service CPU s per 1 000 events", "cpu_per_1k", "{:.3f}"),
+    ("service CPU utilisation (cores)", "cpu_util", "{:.2f}"),
+    ("client CPU utilisation (cores)", "client_cpu_util", "{:.2f}"),
+    ("RSS per idle live card", "rss_per_card", "{:,.0f} B"),
+    ("subagent queries per scaled s", "subagent_qps", "{:,.1f}"),
+    ("runtime POSTs failed", "post_errors", "{:.0f}"),
+]
+LOWER_IS_BETTER = {
+    "rate_limit_230020",
+    "rate_limit_429",
+    "finals_seconds",
+    "stale_p50",
+    "stale_p99",
+    "cpu_per_1k",
+    "cpu_util",
+    "rss_per_card",
+    "subagent_qps",
+    "post_errors",
+}
+
+
+def _fmt(fmt: str, value: float) -> str:
+    return "—" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
+
+
+def table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str:
+    first = ours[0] if ours else naive[0]
+    lines = [
+        f"### {tasks} live cards — {first.seconds:g} s real stream, time scaled ×{first.scale:g} "
+        f"({first.seconds * first.scale:g} scaled s), medians of {max(len(ours), len(naive))} run(s)",
+        "",
+        "| metric | ours | naive | naive ÷ ours |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, attr, fmt in ROWS:
+        a = median(getattr(r, attr) for r in ours)
+        b = median(getattr(r, attr) for r in naive)
+        ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else math.nan
+        lines.append(f"| {label} | {_fmt(fmt, a)} | {_fmt(fmt, b)} | {_fmt('{:.2f}×', ratio)} |")
+    notes = sorted({n for r in ours + naive for n in r.notes})
+    lines += [f"\n_{n}_" for n in notes]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="100,1000,5000", help="comma-separated live card counts")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, help="real seconds of streaming (default per size)")
+    parser.add_argument("--scale", type=float, help="scaled seconds per real second (default per size)")
+    parser.add_argument("--flush-ms", type=float, default=250, help="runtime client batching interval")
+    parser.add_argument("--only", choices=("ours", "naive", "both"), default="both")
+    parser.add_argument("--profile", action="store_true", help="cProfile the service's stream phase")
+    parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.tasks.split(",") if x.strip()]
+    tables = []
+    for tasks in sizes:
+        seconds = args.seconds or DEFAULT_SECONDS.get(tasks, 30.0)
+        scale = args.scale or DEFAULT_SCALE.get(tasks, max(1.0, tasks / 200))
+        runs: dict[str, list[RunResult]] = {"ours": [], "naive": []}
+        kinds = ["ours", "naive"] if args.only == "both" else [args.only]
+        for run in range(args.runs):
+            for kind in kinds:
+                started = time.monotonic()
+                res = asyncio.run(
+                    one_run(
+                        kind,
+                        tasks=tasks,
+                        seconds=seconds,
+                        scale=scale,
+                        flush=args.flush_ms / 1000,
+                        seed=run,
+                        profile=args.profile,
+                    )
+                )
+                runs[kind].append(res)
+                if res.profile:
+                    print(
+                        f"--- cProfile of the {kind} service, stream phase (by own time) ---\n{res.profile}"
+                    )
+                print(
+                    f"{tasks} cards run {run + 1} {kind}: finals {res.finals_pct:.1f} %, "
+                    f"429s {res.rate_limit_429}, 230020s {res.rate_limit_230020}, "
+                    f"budget {res.budget_use_pct:.1f} %, "
+                    f"Jain {res.jain:.3f}, stale p50/p99 {res.stale_p50:.2f}/{res.stale_p99:.2f} "
+                    f"(ideal {res.ideal:.1f}), {res.events_per_s:,.0f} ev/s, "
+                    f"{res.cpu_per_1k:.3f} CPU s/1k ev, "
+                    f"{res.rss_per_card:,.0f} B/card, {res.subagent_qps:.1f} subagent q/s "
+                    f"[{time.monotonic() - started:.0f} s]",
+                    flush=True,
+                )
+        tables.append(table(tasks, runs["ours"], runs["naive"]))
+        print("\n" + tables[-1] + "\n", flush=True)
+    if not args.no_write:
+        write_section("load", LOAD_INTRO.format(flush=args.flush_ms))
+        for tasks, text in zip(sizes, tables, strict=True):
+            write_section(f"load-{tasks}", text)
+
+
+LOAD_INTRO = (
+    "## Load: live cards under Feishu's budget, ours vs the naive baseline (`bench/load.py`)\n\n"
+    "Runtime clients batch events every {flush:g} ms (one POST in flight per task). Time is SCALED where a "
+    "table says so: service and sandbox share a clock running ×scale, events arrive in real time. "
+    "Staleness = gap between consecutive PATCHes of a card (cards always have news). One section per size."
+)
+
+
+if __name__ == "__main__":
+    main()

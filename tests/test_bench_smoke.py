@@ -1,0 +1,64 @@
+"""Smoke runs of every benchmark in bench/ with tiny sizes: they must keep running (they are not tests).
+
+Sizes are tiny and nothing is asserted about speed; the MySQL one follows the ``mysql_url`` fixture's
+rule (skipped without a server, a failure under CI=true).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _bench(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"bench.{name}")
+
+
+async def test_load_smoke_ours_and_naive() -> None:
+    load = _bench("load")
+    for kind in ("ours", "naive"):
+        result = await load.one_run(kind, tasks=5, seconds=2.0, scale=1.0, flush=0.25, seed=0)
+        assert result.events_offered > 0, kind
+        assert result.post_errors == 0, kind
+        assert not math.isnan(result.cpu_per_1k), kind
+        assert result.finals_pct > 0, kind
+    assert result.tasks == 5
+
+
+def test_micro_smoke() -> None:
+    micro = _bench("micro")
+    build_ms, total_ms, size = micro.time_build(micro.typical_model(), 2)
+    assert 0 < build_ms <= total_ms and size > 0
+    _, _, worst_size = micro.time_build(micro.worst_model(), 1)
+    assert worst_size <= 30 * 1024
+
+
+async def test_micro_callback_smoke() -> None:
+    micro = _bench("micro")
+    p50, p99, worst, failures = await micro.callback_burst(tasks=2, clicks=10)
+    assert failures == 0
+    assert 0 < p50 <= p99 <= worst
+
+
+@pytest.mark.mysql
+async def test_db_smoke(mysql_url: str) -> None:
+    db_bench = _bench("db")
+    from feishu_progress.db.engine import Database
+
+    url = await db_bench.ensure_database(mysql_url, "fp_bench_smoke")
+    db = Database.open(url)
+    try:
+        parents = await db_bench.seed(db, 10, 30)
+    finally:
+        await db.close()
+    measured = await db_bench.run_once(url, parents, 0.2, 2)
+    assert measured["batched"].rows_per_call == 30
+    assert measured["per parent"].calls_per_s > 0
