@@ -80,7 +80,6 @@ class Services:
     sandbox: Any = None  # RunningSandbox in sandbox mode
     admin_url: str | None = None
     public_url: str | None = None
-    loops: list[asyncio.Task[Any]] = field(default_factory=list)
     ws_thread: threading.Thread | None = None
 
     def require_service(self) -> TaskService:
@@ -225,10 +224,8 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)
     scheduler.start()
-    services.loops = [
-        services.background.spawn(service.watch_stale(), name="stale-tasks"),
-        services.background.spawn(service.persist_loop(), name="persist-snapshots"),
-    ]
+    services.background.spawn(service.watch_stale(), name="stale-tasks")
+    services.background.spawn(service.persist_loop(), name="persist-snapshots")
     await _start_admin(services, stack)
     if settings.feishu.mode == "ws":
         _start_long_connection(services)
@@ -353,8 +350,8 @@ def _start_long_connection(services: Services) -> None:
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
-    for loop in services.loops:
-        loop.cancel()
+    if services.service is not None:
+        services.service.stop_loops()  # they end after their current pass; drained below
     if services.scheduler is not None:
         report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
         if not report.complete:

@@ -102,6 +102,7 @@ class TaskService:
         self.images = ImageKeys(uploader, background)
         self.tasks: dict[int, Task] = {}
         self._dirty: set[int] = set()
+        self._stopping = asyncio.Event()
 
     # ------------------------------------------------------------------ lookup
     def get(self, session_id: int) -> Task:
@@ -249,9 +250,8 @@ class TaskService:
         )
 
     async def persist_loop(self) -> None:
-        """Run ``flush_dirty`` every PERSIST_INTERVAL seconds until cancelled."""
-        while True:
-            await self.clock.sleep(PERSIST_INTERVAL)
+        """Run ``flush_dirty`` every PERSIST_INTERVAL seconds until ``stop_loops``."""
+        while await self._pause(PERSIST_INTERVAL):
             try:
                 await self.flush_dirty()
             except Exception:  # the loop must survive a bad pass
@@ -403,6 +403,24 @@ class TaskService:
         return actions, (records[-1].id if records else after)
 
     # ------------------------------------------------------------------ lifecycle
+    def stop_loops(self) -> None:
+        """Ask the periodic loops to end after their current pass (never cut a database call short)."""
+        self._stopping.set()
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds`` of clock time; False as soon as ``stop_loops`` was called."""
+        if self._stopping.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (sleeper, stopper):
+                waiter.cancel()
+            await asyncio.gather(sleeper, stopper, return_exceptions=True)
+        return not self._stopping.is_set()
+
     async def restore(self) -> int:
         """Re-attach every unfinished task's live card after a restart; returns how many."""
         records = await self.repos.tasks.list_unfinished()
@@ -448,10 +466,9 @@ class TaskService:
         return closed
 
     async def watch_stale(self) -> None:
-        """Run ``close_stale`` periodically until cancelled."""
+        """Run ``close_stale`` periodically until ``stop_loops``."""
         interval = min(60.0, self.settings.task.stale_after / 4)
-        while True:
-            await self.clock.sleep(interval)
+        while await self._pause(interval):
             try:
                 closed = await self.close_stale()
                 if closed:
