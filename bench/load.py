@@ -118,7 +118,14 @@ def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdi
     import logging
 
     logging.basicConfig(level=logging.CRITICAL)
-    from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+    from feishu_progress.config import (
+        AdminSettings,
+        ApiSettings,
+        FeishuSettings,
+        HttpSettings,
+        Settings,
+        TaskSettings,
+    )
 
     clock = ScaledClock(scale)
     feishu = FeishuSettings(base_url=sandbox_url, app_id=APP_ID, app_secret=APP_SECRET, timeout_seconds=30)
@@ -133,6 +140,9 @@ def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdi
                 feishu=feishu,
                 http=HttpSettings(host="127.0.0.1", port=0),
                 admin=AdminSettings(host="127.0.0.1", port=0),
+                # With time scaled ×20, creating 5000 tasks takes longer than the default 30 scaled minutes
+                # of silence: the first tasks would be closed as 失去联系 before their stream starts.
+                task=TaskSettings(stale_after=10**7),
                 api=ApiSettings(token=API_TOKEN),
             )
             app = create_app(settings, clock=clock)
