@@ -44,7 +44,7 @@ from feishu_progress.runtime.service import TaskService
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.web.admin import AdminApi, AdminDeps
-from feishu_progress.web.api import RuntimeApi, bearer_auth_middleware
+from feishu_progress.web.api import RuntimeApi, bearer_auth_middleware, unavailable_middleware
 from feishu_progress.web.callbacks import callback_routes
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def create_app(
     services = Services(settings=settings, clock=clock or SystemClock(), metrics=Metrics(registry))
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, 8 * 1024 * 1024),
-        middlewares=[bearer_auth_middleware(settings.api.token)],
+        middlewares=[unavailable_middleware, bearer_auth_middleware(settings.api.token)],
     )
     app[SERVICES] = services
     app.router.add_routes(

@@ -259,3 +259,20 @@ async def test_a_recalled_card_stops_and_its_clicks_say_so(
         client, message_id, REQUESTER, {"v": 1, "action": "cancel", "session_id": session_id}, "z"
     )
     assert reply["toast"]["content"] == "卡片已过期,请在会话详情中操作"
+
+
+async def test_a_failing_database_answers_503_not_a_crash(client: TestClient[Any, Any]) -> None:
+    session_id, _ = await _create(client)
+    service = client.app[SERVICES].service
+    assert service is not None
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("database went away")
+
+    service.repos.actions.list_after = broken
+    response = await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=0", headers=AUTH)
+    assert response.status == 503
+    assert (await response.json())["error"] == "unavailable"
+    # Events still apply: the card degrades, the request does not fail.
+    service.repos.tasks.save_state = broken
+    assert (await _events(client, session_id, {"type": "finished", "status": "COMPLETED"})).status == 202

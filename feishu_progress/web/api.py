@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import SecretStr
 
-from feishu_progress.errors import EventRejected, UnknownTask
+from feishu_progress.errors import EventRejected, FeishuProgressError, UnknownTask
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.service import TaskConflict, TaskService
 
@@ -44,6 +44,21 @@ def bearer_auth_middleware(token: SecretStr | None) -> Any:
         return await handler(request)
 
     return middleware
+
+
+@web.middleware
+async def unavailable_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A failure on our side (database down, Feishu unreachable) is a JSON 503 the runtime can retry on."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except FeishuProgressError as exc:
+        log.warning("%s %s failed: %s", request.method, request.path, exc)
+        return _error(503, "unavailable", "Feishu or the database did not answer; retry later")
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(503, "unavailable", "the service could not complete the request; retry later")
 
 
 async def _json_body(request: web.Request) -> Any:
