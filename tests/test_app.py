@@ -276,3 +276,24 @@ async def test_a_failing_database_answers_503_not_a_crash(client: TestClient[Any
     # Events still apply: the card degrades, the request does not fail.
     service.repos.tasks.save_state = broken
     assert (await _events(client, session_id, {"type": "finished", "status": "COMPLETED"})).status == 202
+
+
+async def test_the_requester_approves_once_and_the_runtime_reads_it(client: TestClient[Any, Any]) -> None:
+    session_id, message_id = await _create(client)
+    await _events(
+        client,
+        session_id,
+        {"type": "status", "status": "RUNNING", "round": 1},
+        {"type": "approval", "approval_id": "ap-1", "tool_name": "mcp:github", "summary": "create an issue"},
+    )
+    card = (await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json())["card"]
+    assert "MCP github 待审批" in str(card)
+    value = {"v": 1, "action": "approve", "session_id": session_id, "approval_id": "ap-1"}
+    assert (await _click(client, message_id, "ou_stranger", value, "a0"))["toast"]["type"] == "error"
+    first = await _click(client, message_id, REQUESTER, value, "a1")
+    assert first["toast"]["type"] == "success"
+    assert "MCP github 待审批" not in str(first["card"])
+    again = await _click(client, message_id, REQUESTER, {**value, "action": "deny"}, "a2")
+    assert again["toast"]["type"] == "info"  # already decided: explained, nothing recorded
+    log = await (await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=2", headers=AUTH)).json()
+    assert [(a["kind"], a["payload"]["approved"]) for a in log["actions"]] == [("approval", True)]
