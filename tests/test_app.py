@@ -297,3 +297,39 @@ async def test_the_requester_approves_once_and_the_runtime_reads_it(client: Test
     assert again["toast"]["type"] == "info"  # already decided: explained, nothing recorded
     log = await (await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=2", headers=AUTH)).json()
     assert [(a["kind"], a["payload"]["approved"]) for a in log["actions"]] == [("approval", True)]
+
+
+async def test_answers_are_validated_and_an_answered_ask_says_so(client: TestClient[Any, Any]) -> None:
+    session_id, message_id = await _create(client)
+    await _events(
+        client,
+        session_id,
+        {"type": "ask", "ask_id": "q-1", "questions": [{"question": "继续吗?", "options": ["是", "否"]}]},
+    )
+    value = {"v": 1, "action": "answers", "session_id": session_id, "ask_id": "q-1"}
+
+    async def submit(form: Mapping[str, Any], token: str) -> dict[str, Any]:
+        payload = card_action_payload(
+            open_id=REQUESTER,
+            message_id=message_id,
+            chat_id="oc_1",
+            value=value,
+            form_value=form,
+            verification_token=VTOKEN,
+            now=time.time(),
+            click_token=token,
+        )
+        body, headers = signed_request(payload, encrypt_key=KEY, now=time.time())
+        reply: dict[str, Any] = await (
+            await client.post("/feishu/callback", data=body, headers=headers)
+        ).json()
+        return reply
+
+    bad = await submit({"q0_0": "7"}, "b-1")  # no option 7
+    assert bad["toast"]["type"] == "error"
+    good = await submit({"q0_0": "1"}, "b-2")
+    assert good["toast"]["type"] == "success"
+    late = await submit({"q0_0": "0"}, "b-3")  # a second submit of the same form, new click
+    assert late["toast"]["type"] == "info"
+    log = await (await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=2", headers=AUTH)).json()
+    assert [a["payload"]["answers"][0]["selected_labels"] for a in log["actions"]] == [["否"]]
