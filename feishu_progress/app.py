@@ -40,7 +40,7 @@ from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
 from feishu_progress.runtime.actions import CardActions
 from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.runtime.dedupe import PersistentDeduper
-from feishu_progress.runtime.service import TaskService
+from feishu_progress.runtime.service import Repos, TaskService
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.web.admin import AdminApi, AdminDeps
@@ -53,14 +53,6 @@ SANDBOX_APP_ID = "cli_sandbox"
 SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
-
-
-@dataclass
-class Repos:
-    tasks: TaskRepository
-    subagents: SubagentRepository
-    actions: ActionRepository
-    dedupe: CallbackDedupeRepository
 
 
 @dataclass

@@ -18,8 +18,14 @@ from typing import Any, Protocol
 
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
 from feishu_progress.config import Settings
-from feishu_progress.db.repo import StateRow
-from feishu_progress.domain import TaskStatus
+from feishu_progress.db.repo import (
+    ActionRepository,
+    CallbackDedupeRepository,
+    StateRow,
+    SubagentRepository,
+    TaskRepository,
+)
+from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.errors import FeishuProgressError, UnknownTask
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, ImageUploader, SubagentSource
@@ -46,6 +52,16 @@ class CardSender(Protocol):
     async def reply_card(
         self, message_id: str, card: dict[str, Any], uuid: str, in_thread: bool = False
     ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Repos:
+    """The repositories the service writes through."""
+
+    tasks: TaskRepository
+    subagents: SubagentRepository
+    actions: ActionRepository
+    dedupe: CallbackDedupeRepository
 
 
 class TaskConflict(FeishuProgressError):
@@ -79,7 +95,7 @@ class TaskService:
         self,
         *,
         settings: Settings,
-        repos: Any,
+        repos: Repos,
         subagents: SubagentManager,
         scheduler: DeliveryScheduler,
         card_subagents: SubagentSource | None = None,
@@ -160,7 +176,7 @@ class TaskService:
         await self.repos.tasks.set_message_id(session_id, message_id)
         return CreatedTask(session_id, message_id)
 
-    def _first_model(self, state: TaskState) -> Any:
+    def _first_model(self, state: TaskState) -> CardModel:
         return state.card_model(
             elapsed_ms=0,
             subagents=(),
