@@ -140,19 +140,9 @@ def create_app(
             observe=services.metrics.callback_latency.observe,
         )
     )
-    app.router.add_routes(RuntimeApi(_LazyService(services)).routes())  # type: ignore[arg-type]
+    app.router.add_routes(RuntimeApi(services.require_service).routes())
     app.cleanup_ctx.append(_lifecycle)
     return app
-
-
-class _LazyService:
-    """Forwards to the TaskService once the app has started."""
-
-    def __init__(self, services: Services) -> None:
-        self._services = services
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._services.require_service(), name)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

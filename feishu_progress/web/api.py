@@ -90,10 +90,14 @@ def _session_id(request: web.Request) -> int:
 
 
 class RuntimeApi:
-    """aiohttp handlers over a TaskService."""
+    """aiohttp handlers over a TaskService (looked up per request: it exists once the app has started)."""
 
-    def __init__(self, service: TaskService) -> None:
-        self.service = service
+    def __init__(self, service: Callable[[], TaskService]) -> None:
+        self._service = service
+
+    @property
+    def service(self) -> TaskService:
+        return self._service()
 
     def routes(self) -> list[web.RouteDef]:
         return [
