@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any, Protocol
 
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
@@ -25,8 +25,9 @@ from feishu_progress.db.repo import (
     SubagentRepository,
     TaskRepository,
 )
+from feishu_progress.db.times import naive_utc_from_timestamp
 from feishu_progress.domain import CardModel, TaskStatus
-from feishu_progress.errors import FeishuProgressError, UnknownTask
+from feishu_progress.errors import EventRejected, FeishuProgressError, UnknownTask
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, ImageUploader, SubagentSource
 from feishu_progress.progress.live_card import CardContext, LiveCard
@@ -83,9 +84,8 @@ class Task:
     subagent_ids: dict[str, int] = field(default_factory=dict)  # runtime task_ref -> execution id
 
 
-def utc(ts: float) -> datetime:
-    """Naive UTC datetime, as the database stores them."""
-    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
+# Naive UTC datetimes, as the database stores them (one helper, in db/times.py).
+utc = naive_utc_from_timestamp
 
 
 class TaskService:
@@ -285,8 +285,6 @@ class TaskService:
                 raise TaskConflict(f"task {state.session_id} has finished ({state.status.value})")
         for index, event in enumerate(ordered[:-1]):
             if isinstance(event, ev.FinishedEvent):
-                from feishu_progress.errors import EventRejected
-
                 raise EventRejected(f"events[{index + 1}]", "no event may follow 'finished' in a batch")
 
     async def _apply_one(self, task: Task, event: ev.Event) -> None:
