@@ -124,6 +124,26 @@ async def test_a_bad_event_is_refused_naming_the_field_and_nothing_is_applied(
     assert "should not land" not in str(task["card"])
 
 
+async def test_an_unknown_locale_and_events_after_finished_are_refused(client: TestClient[Any, Any]) -> None:
+    body = {
+        "receive_id": "oc_1",
+        "receive_id_type": "chat_id",
+        "requester_open_id": REQUESTER,
+        "locale": "en",
+    }
+    response = await client.post("/v1/tasks", json=body, headers=AUTH)
+    assert response.status == 422
+    assert (await response.json())["field"] == "locale"
+    session_id, _ = await _create(client)
+    late = await _events(
+        client, session_id, {"type": "finished", "status": "COMPLETED"}, {"type": "content", "text": "x"}
+    )
+    assert late.status == 422
+    assert (await late.json())["field"] == "events[1]"
+    task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert task["status"] == "RUNNING"  # the rejected batch changed nothing
+
+
 async def test_unknown_event_type_and_unknown_task(client: TestClient[Any, Any]) -> None:
     session_id, _ = await _create(client)
     response = await _events(client, session_id, {"type": "explode"})
@@ -253,7 +273,9 @@ async def test_a_recalled_card_stops_and_its_clicks_say_so(
         await asyncio.sleep(0.05)
     patches_before = sandbox.state.requests["patch"]
     await _events(client, session_id, {"type": "content", "text": "more"})
-    await asyncio.sleep(0.5)
+    scheduler = client.app[SERVICES].scheduler
+    assert scheduler is not None
+    assert message_id not in scheduler.pending_message_ids()  # nothing queued: no PATCH can follow
     assert sandbox.state.requests["patch"] == patches_before
     reply = await _click(
         client, message_id, REQUESTER, {"v": 1, "action": "cancel", "session_id": session_id}, "z"

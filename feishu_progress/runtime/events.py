@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from feishu_progress.config import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 from feishu_progress.errors import EventRejected
 
 _SHORT = 256
@@ -195,6 +196,14 @@ class CreateTaskRequest(BaseModel):
     title: Annotated[str, Field(max_length=255)] = ""
     reply_to_message_id: Annotated[str, Field(max_length=_SHORT)] | None = None
     locale: Annotated[str, Field(max_length=16)] | None = None
+
+    @field_validator("locale")
+    @classmethod
+    def _known_locale(cls, value: str | None) -> str | None:
+        # A typo ("en", "zh-CN") must not silently fall back to the default language.
+        if value is not None and value not in (*FEISHU_LOCALES, *SINGLE_LANGUAGE_LOCALES):
+            raise ValueError(f"unknown locale {value!r}; use a Feishu code such as zh_cn or en_us")
+        return value
 
 
 def error_location(loc: tuple[int | str, ...]) -> str:
