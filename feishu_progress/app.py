@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -47,6 +47,9 @@ from feishu_progress.web.admin import AdminApi, AdminDeps
 from feishu_progress.web.api import RuntimeApi, bearer_auth_middleware, unavailable_middleware
 from feishu_progress.web.callbacks import callback_routes
 
+if TYPE_CHECKING:
+    from feishu_progress.sandbox.server import RunningSandbox
+
 log = logging.getLogger(__name__)
 
 SANDBOX_APP_ID = "cli_sandbox"
@@ -69,7 +72,7 @@ class Services:
     service: TaskService | None = None
     actions: CardActions | None = None
     deduper: PersistentDeduper | None = None
-    sandbox: Any = None  # RunningSandbox in sandbox mode
+    sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     public_url: str | None = None
     ws_thread: threading.Thread | None = None
