@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import MetaData, delete
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from feishu_progress.db.engine import Database
@@ -48,6 +50,41 @@ async def _mysql_problem(url: str) -> str | None:
     finally:
         await probe.close()
     return None
+
+
+def fresh_mysql_database(suffix: str) -> str:
+    """URL of an empty database ``<test database>_<suffix>`` on the test server, dropped and recreated.
+
+    Derived from FP_TEST_MYSQL_URL, so two test runs pointed at different databases never share one.
+    Skips without a server (fails under CI=true).
+    """
+    base = mysql_test_url()
+    problem = asyncio.run(_mysql_problem(base))
+    if problem is not None:
+        message = f"MySQL at FP_TEST_MYSQL_URL={base} is unreachable ({problem})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + "; CI=true requires it", pytrace=False)
+        pytest.skip(message)
+    url = make_url(base)
+    name = f"{url.database or 'test'}_{suffix}"
+
+    async def create() -> None:
+        import aiomysql
+
+        conn = await aiomysql.connect(
+            host=url.host, port=url.port or 3306, user=url.username or "root", password=url.password or ""
+        )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # MariaDB's "database does not exist" note on a first run
+                async with conn.cursor() as cursor:
+                    await cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+                    await cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        finally:
+            await conn.ensure_closed()
+
+    asyncio.run(create())
+    return url.set(database=name).render_as_string(hide_password=False)
 
 
 async def _drop_everything(url: str) -> None:

@@ -11,26 +11,23 @@ import signal
 import socket
 import sys
 import time
-import warnings
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy.engine import make_url
 
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
-from tests.conftest import _mysql_problem, mysql_test_url
+from tests.conftest import fresh_mysql_database
 
 pytestmark = [pytest.mark.mysql, pytest.mark.slow]
 
 APP_ID, APP_SECRET = "cli_e2e", "e2e-secret"
 ENCRYPT_KEY, VERIFICATION_TOKEN, API_TOKEN = "e2e-encrypt-key", "e2e-verification", "e2e-api-token"
 REQUESTER, CHAT = "ou_requester", "oc_e2e"
-E2E_DATABASE = "fp_e2e"
 
 
 def _free_port() -> int:
@@ -42,32 +39,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def e2e_database_url() -> str:
-    """A MariaDB database of its own (created if missing); skipped without MySQL unless CI=true."""
-    base = mysql_test_url()
-    problem = asyncio.run(_mysql_problem(base))
-    if problem is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"MySQL at {base} is unreachable under CI: {problem}")
-        pytest.skip(f"MySQL at {base} is unreachable: {problem}")
-
-    async def create() -> None:
-        import aiomysql
-
-        url = make_url(base)
-        conn = await aiomysql.connect(
-            host=url.host, port=url.port or 3306, user=url.username or "root", password=url.password or ""
-        )
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # MariaDB's "database does not exist" note on a first run
-                async with conn.cursor() as cursor:
-                    await cursor.execute(f"DROP DATABASE IF EXISTS {E2E_DATABASE}")
-                    await cursor.execute(f"CREATE DATABASE {E2E_DATABASE} CHARACTER SET utf8mb4")
-        finally:
-            await conn.ensure_closed()
-
-    asyncio.run(create())
-    return make_url(base).set(database=E2E_DATABASE).render_as_string(hide_password=False)
+    """A MariaDB database of its own, created fresh; skipped without MySQL unless CI=true."""
+    return fresh_mysql_database("e2e")
 
 
 @dataclass
