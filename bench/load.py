@@ -128,7 +128,13 @@ def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdi
     )
 
     clock = ScaledClock(scale)
-    feishu = FeishuSettings(base_url=sandbox_url, app_id=APP_ID, app_secret=APP_SECRET, timeout_seconds=30)
+    feishu = FeishuSettings(
+        base_url=sandbox_url,
+        app_id=APP_ID,
+        app_secret=APP_SECRET,
+        verification_token="bench-verification-token",
+        timeout_seconds=30,
+    )
     database_url = f"sqlite+aiosqlite:///{Path(workdir) / 'bench.db'}"
 
     async def serve() -> None:

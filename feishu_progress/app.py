@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -31,6 +32,7 @@ from feishu_progress.db.repo import (
     TaskRepository,
 )
 from feishu_progress.domain import SubagentSummary
+from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
@@ -44,8 +46,9 @@ from feishu_progress.runtime.service import Repos, TaskService
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.web.admin import AdminApi, AdminDeps
-from feishu_progress.web.api import RuntimeApi, bearer_auth_middleware, unavailable_middleware
+from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
+from feishu_progress.web.http import bearer_auth, json_errors
 
 if TYPE_CHECKING:
     from feishu_progress.sandbox.server import RunningSandbox
@@ -128,10 +131,14 @@ def create_app(
     settings: Settings, *, clock: Clock | None = None, registry: CollectorRegistry | None = None
 ) -> web.Application:
     """The public application; its startup brings up everything else (see module docstring)."""
+    problems = settings.serving_problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    settings = _with_sandbox_callback_keys(settings)
     services = Services(settings=settings, clock=clock or SystemClock(), metrics=Metrics(registry))
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, 8 * 1024 * 1024),
-        middlewares=[unavailable_middleware, bearer_auth_middleware(settings.api.token)],
+        middlewares=[json_errors, bearer_auth(settings.api.token, prefix="/v1/", name="FP_API__TOKEN")],
     )
     app[SERVICES] = services
     app.router.add_routes(
@@ -146,6 +153,22 @@ def create_app(
     app.router.add_routes(RuntimeApi(services.require_service).routes())
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+def _with_sandbox_callback_keys(settings: Settings) -> Settings:
+    """In sandbox mode, callbacks are still signed: with keys made up for this process.
+
+    Only what holds the keys (the sandbox's preview page, a test) can click then; nobody who merely
+    reaches the port can forge a click, even when sandbox mode was bound off loopback.
+    """
+    feishu = settings.feishu
+    if not feishu.sandbox or feishu.encrypt_key is not None or feishu.verification_token is not None:
+        return settings
+    keys = {
+        "encrypt_key": SecretStr(secrets.token_urlsafe(32)),
+        "verification_token": SecretStr(secrets.token_urlsafe(24)),
+    }
+    return settings.model_copy(update={"feishu": feishu.model_copy(update=keys)})
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -253,8 +276,7 @@ def _card_stopped(services: Services, card: Deliverable, reason: str) -> None:
 
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
-    admin = web.Application()
-    admin.router.add_routes(AdminApi(_admin_deps(services)).routes())
+    admin = AdminApi(_admin_deps(services)).app()
     runner = web.AppRunner(admin, access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)

@@ -43,21 +43,12 @@ def _serve(settings: Settings) -> int:
 
     from feishu_progress.app import create_app
 
-    if not settings.feishu.sandbox and settings.api.token is None:
-        raise SystemExit(
-            "feishu-progress: FP_API__TOKEN is required when talking to Feishu (runtimes must present it)"
-        )
-    if (
-        not settings.feishu.sandbox
-        and settings.feishu.encrypt_key is None
-        and settings.feishu.verification_token is None
-    ):
-        log.warning(
-            "no FP_FEISHU__ENCRYPT_KEY / FP_FEISHU__VERIFICATION_TOKEN: callbacks are not authenticated"
-        )
+    problems = settings.serving_problems()
+    if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
+        raise SystemExit("feishu-progress: will not serve: " + "; ".join(problems))
     web.run_app(
         create_app(settings),
-        host=settings.http.host,
+        host=settings.bind_host,
         port=settings.http.port,
         access_log=None,
         print=lambda message: log.info("%s", message),

@@ -67,8 +67,13 @@ class FeishuSettings(BaseModel):
         return value.rstrip("/")
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class HttpSettings(BaseModel):
-    host: str = "0.0.0.0"
+    # None: 0.0.0.0 with Feishu credentials, 127.0.0.1 in sandbox mode (which has no callback keys of
+    # Feishu's and is meant for one developer's machine). See ``Settings.bind_host``.
+    host: str | None = None
     port: int = Field(default=8000, ge=0, le=65535)
 
 
@@ -134,6 +139,8 @@ class TaskSettings(BaseModel):
 class CallbackSettings(BaseModel):
     timestamp_window_seconds: int = Field(default=300, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    # A slow-body client must not hold a connection for minutes (Feishu sends the whole body at once).
+    body_timeout_seconds: float = Field(default=10.0, gt=0)
     allow_chat_members: bool = False
     dedupe_ttl_seconds: int = Field(default=24 * 3600, gt=0)
 
@@ -157,3 +164,30 @@ class Settings(BaseSettings):
     callback: CallbackSettings = CallbackSettings()
     log_json: bool = False
     log_level: str = "INFO"
+
+    @property
+    def bind_host(self) -> str:
+        """FP_HTTP__HOST, else loopback in sandbox mode, else every address."""
+        if self.http.host is not None:
+            return self.http.host
+        return "127.0.0.1" if self.feishu.sandbox else "0.0.0.0"
+
+    def serving_problems(self) -> list[str]:
+        """Why this configuration must not serve (an open door by default is not a default we ship)."""
+        problems: list[str] = []
+        feishu = self.feishu
+        if feishu.sandbox:
+            if self.bind_host not in LOOPBACK_HOSTS and self.api.token is None:
+                problems.append(
+                    f"sandbox mode on FP_HTTP__HOST={self.bind_host} is reachable from the network: "
+                    "set FP_API__TOKEN (or bind 127.0.0.1)"
+                )
+            return problems
+        if self.api.token is None:
+            problems.append("FP_API__TOKEN is required when talking to Feishu (runtimes must present it)")
+        if feishu.mode == "webhook" and feishu.encrypt_key is None and feishu.verification_token is None:
+            problems.append(
+                "card callbacks would be unauthenticated: set FP_FEISHU__ENCRYPT_KEY (signed, encrypted "
+                "callbacks; best) or at least FP_FEISHU__VERIFICATION_TOKEN, or use FP_FEISHU__MODE=ws"
+            )
+        return problems

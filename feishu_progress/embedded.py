@@ -43,7 +43,7 @@ class EmbeddedService:
     async def __aenter__(self) -> Self:
         await self._runner.setup()  # runs the app's startup: database, Feishu client, scheduler...
         if self.serve_http:
-            site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
+            site = web.TCPSite(self._runner, self.settings.bind_host, self.settings.http.port)
             await site.start()
             host, port = self._runner.addresses[0][:2]
             self.public_url = f"http://{host}:{port}"

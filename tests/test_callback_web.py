@@ -143,7 +143,7 @@ async def test_bad_requests_get_their_4xx_and_a_json_reason(
     client = await _client(aiohttp_client, handler)
     response = await client.post(CALLBACK_PATH, data=raw, headers=headers)
     assert response.status == status
-    assert isinstance((await response.json())["msg"], str)
+    assert isinstance((await response.json())["message"], str)
     assert handler.events == []
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from feishu_progress.config import AdminSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.embedded import EmbeddedService
 from feishu_progress.errors import EventRejected
 from feishu_progress.sandbox.server import run_sandbox
@@ -17,9 +17,12 @@ async def test_embedded_service_runs_a_task(tmp_path: Path) -> None:
     async with run_sandbox(SandboxConfig(app_id="cli_e", app_secret="s")) as sandbox:
         settings = Settings(
             database_url=f"sqlite+aiosqlite:///{tmp_path / 'e.db'}",
-            feishu=FeishuSettings(base_url=sandbox.base_url, app_id="cli_e", app_secret="s"),
+            feishu=FeishuSettings(
+                base_url=sandbox.base_url, app_id="cli_e", app_secret="s", verification_token="vt"
+            ),
             http=HttpSettings(host="127.0.0.1", port=0),
             admin=AdminSettings(host="127.0.0.1", port=0),
+            api=ApiSettings(token="api-token"),
         )
         async with EmbeddedService(settings) as fp:
             assert fp.public_url is not None

@@ -6,18 +6,19 @@ No aiohttp here: ``parse_callback`` takes the raw bytes, the headers and the tim
 Checks, in this order (reference/feishu-platform.md §5):
 
 1. body size (``callback.max_body_bytes``) → 413
-2. JSON object → 400
-3. AES-256-CBC decryption when the body is ``{"encrypt": ...}`` → 400
-4. signature ``sha256(ts + nonce + encrypt_key + raw_body)`` when an Encrypt Key is configured → 401.
-   ``url_verification`` skips it, as lark-oapi does: it has no side effect beyond echoing the challenge,
-   and it still needs the verification token (and the Encrypt Key, when encrypted).
+2. signature ``sha256(ts + nonce + encrypt_key + raw_body)`` when an Encrypt Key is configured → 401,
+   checked on the raw bytes BEFORE anything is decrypted or parsed. Only ``url_verification`` may come
+   unsigned, as lark-oapi allows: it has no side effect beyond echoing the challenge, and it still needs
+   the verification token (and the Encrypt Key, when encrypted).
+3. JSON object → 400
+4. AES-256-CBC decryption when the body is ``{"encrypt": ...}`` → 400
 5. verification token (``header.token``; top-level ``token`` for ``url_verification`` and 1.0 bodies) → 401
 6. timestamp window (``X-Lark-Request-Timestamp`` and ``header.create_time``) → 403 "stale ..."
 7. ``event_type`` must be ``card.action.trigger`` → 400 naming it
 8. required fields → 400 naming the missing field
 
-When neither an Encrypt Key nor a verification token is configured (the local sandbox), steps 4 and 5
-have nothing to check against and are skipped; ``callback_routes`` warns about it at startup.
+With neither an Encrypt Key nor a verification token configured every callback is refused (401): the
+service refuses to start that way outside sandbox mode, and sandbox mode makes up keys of its own.
 Nothing here logs a payload, a token or a key.
 """
 
@@ -187,13 +188,20 @@ def parse_callback(raw_body: bytes, headers: Mapping[str, str], settings: Settin
         raise CallbackRejected(413, "body too large")
     lower_headers = {name.lower(): value for name, value in headers.items()}
     encrypt_key = _secret(settings.feishu.encrypt_key)
+    verification_token = _secret(settings.feishu.verification_token)
+    if not encrypt_key and not verification_token:
+        raise CallbackRejected(401, "callbacks are not configured: no Encrypt Key and no verification token")
+    signed = _has_signature(lower_headers)
+    if encrypt_key and signed:
+        # The signature covers the raw bytes: check it before decrypting or parsing anything.
+        _check_signature(raw_body, lower_headers, encrypt_key)
     payload = _load_object(raw_body, "body")
     if "encrypt" in payload:
         payload = _decrypted_payload(payload["encrypt"], encrypt_key)
     is_url_check = payload.get("type") == URL_VERIFICATION
-    if encrypt_key and not is_url_check:
-        _check_signature(raw_body, lower_headers, encrypt_key)
-    _check_token(payload, _secret(settings.feishu.verification_token))
+    if encrypt_key and not signed and not is_url_check:
+        raise CallbackRejected(401, "missing signature headers")
+    _check_token(payload, verification_token)
     if is_url_check:
         return _url_verification(payload)
     _check_fresh(lower_headers, _create_time(payload), now, settings.callback.timestamp_window_seconds)
@@ -280,6 +288,10 @@ def _decrypted_payload(encrypted: Any, encrypt_key: str) -> dict[str, Any]:
         return _load_object(plaintext, "decrypted body")
     except CallbackRejected as rejected:
         raise CallbackRejected(400, UNDECRYPTABLE) from rejected
+
+
+def _has_signature(headers: Mapping[str, str]) -> bool:
+    return any(name in headers for name in (TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER))
 
 
 def _check_signature(raw_body: bytes, headers: Mapping[str, str], encrypt_key: str) -> None:

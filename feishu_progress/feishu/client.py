@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -27,6 +28,7 @@ MESSAGES_PATH = "/open-apis/im/v1/messages"
 IMAGES_PATH = "/open-apis/im/v1/images"
 DEFAULT_RENEW_MARGIN_SECONDS = 300.0
 DEFAULT_POOL_LIMIT = 64
+_PATH_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 Json = dict[str, Any]
 
@@ -144,12 +146,14 @@ class FeishuClient:
             "uuid": uuid,
             "reply_in_thread": in_thread,
         }
-        data = await self._call("POST", f"{MESSAGES_PATH}/{message_id}/reply", body=body)
+        data = await self._call("POST", f"{MESSAGES_PATH}/{_segment(message_id)}/reply", body=body)
         return _field(data, "message_id")
 
     async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
         """Replace the card of a message this app sent."""
-        await self._call("PATCH", f"{MESSAGES_PATH}/{message_id}", body={"content": _card_text(card)})
+        await self._call(
+            "PATCH", f"{MESSAGES_PATH}/{_segment(message_id)}", body={"content": _card_text(card)}
+        )
 
     async def upload_image(self, data: bytes) -> str:
         """Upload image bytes for use in cards; returns the image_key."""
@@ -235,6 +239,13 @@ def _consume_exception(future: asyncio.Future[str]) -> None:
     # Every waiter sees the error; this only stops asyncio reporting it as never retrieved.
     if not future.cancelled():
         future.exception()
+
+
+def _segment(value: str) -> str:
+    """An id placed in a URL path. Ids come from outside: ``..`` or ``/`` must never reach another API."""
+    if not _PATH_ID.fullmatch(value):
+        raise FeishuAPIError(-1, f"refusing to put {value[:40]!r} into a URL: not a Feishu id")
+    return value
 
 
 def _card_text(card: Mapping[str, Any]) -> str:

@@ -17,7 +17,10 @@ from feishu_progress.errors import EventRejected
 _SHORT = 256
 M = TypeVar("M", bound=BaseModel)
 MAX_EVENTS_PER_BATCH = 1000
-MAX_TEXT = 1_000_000  # a content event may carry a long answer; the card cuts it visibly
+MAX_TEXT = 1_000_000
+MESSAGE_ID_PATTERN = (
+    r"^om_[A-Za-z0-9_-]+$"  # a content event may carry a long answer; the card cuts it visibly
+)
 
 
 class _Event(BaseModel):
@@ -194,7 +197,8 @@ class CreateTaskRequest(BaseModel):
     receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
     requester_open_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
     title: Annotated[str, Field(max_length=255)] = ""
-    reply_to_message_id: Annotated[str, Field(max_length=_SHORT)] | None = None
+    # It goes into an Open API URL path: only the shape of a Feishu message id (om_...) may pass.
+    reply_to_message_id: Annotated[str, Field(max_length=_SHORT, pattern=MESSAGE_ID_PATTERN)] | None = None
     locale: Annotated[str, Field(max_length=16)] | None = None
 
     @field_validator("locale")

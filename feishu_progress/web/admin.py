@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -10,6 +9,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import SecretStr
+
+from feishu_progress.web.http import HttpError, json_errors, require_bearer
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,12 @@ class AdminDeps:
 class AdminApi:
     def __init__(self, deps: AdminDeps) -> None:
         self.deps = deps
+
+    def app(self) -> web.Application:
+        """The admin listener's application (JSON errors like every other endpoint)."""
+        admin = web.Application(middlewares=[json_errors])
+        admin.router.add_routes(self.routes())
+        return admin
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -62,14 +69,6 @@ class AdminApi:
     async def cards(self, request: web.Request) -> web.Response:
         token = self.deps.token
         if token is None:
-            return web.json_response(
-                {"error": "forbidden", "message": "set FP_ADMIN__TOKEN to enable /admin/cards"}, status=403
-            )
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            presented.strip().encode(), token.get_secret_value().encode()
-        ):
-            return web.json_response(
-                {"error": "unauthorized", "message": "bearer FP_ADMIN__TOKEN required"}, status=401
-            )
+            raise HttpError(403, "forbidden", "set FP_ADMIN__TOKEN to enable /admin/cards")
+        require_bearer(request, token, "FP_ADMIN__TOKEN")
         return web.json_response({"cards": self.deps.cards()})

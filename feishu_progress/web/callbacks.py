@@ -30,11 +30,11 @@ from feishu_progress.feishu.callback import (
 )
 from feishu_progress.i18n import Msg
 from feishu_progress.ports import Clock
+from feishu_progress.web.http import HttpError, json_error, read_body
 
 CALLBACK_PATH = "/feishu/callback"
 DUPLICATE_TOAST = Msg("card.toast.duplicate")
 ERROR_TOAST = Msg("card.toast.error")
-_READ_CHUNK = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,20 @@ class CallbackEndpoint:
             return await self._respond(request)
         except CallbackRejected as rejected:
             log.info("feishu callback rejected: %s %s", rejected.status, rejected.reason)
-            return web.json_response({"msg": rejected.reason}, status=rejected.status)
+            return json_error(rejected.status, "callback_rejected", rejected.reason)
+        except HttpError as refused:  # the body itself: type, size, time
+            log.info("feishu callback refused: %s %s", refused.status, refused.code)
+            return json_error(refused.status, refused.code, refused.message)
         finally:
             if self._observe is not None:
                 self._observe(self._clock.monotonic() - started)
 
     async def _respond(self, request: web.Request) -> web.Response:
-        raw_body = await read_capped_json_body(request, self._settings.callback.max_body_bytes)
+        raw_body = await read_body(
+            request,
+            limit=self._settings.callback.max_body_bytes,
+            timeout=self._settings.callback.body_timeout_seconds,
+        )
         parsed = self._parse(raw_body, request)
         if isinstance(parsed, UrlVerification):
             return web.json_response({"challenge": parsed.challenge})
@@ -127,22 +134,6 @@ class CallbackEndpoint:
         return web.json_response(body)
 
 
-async def read_capped_json_body(request: web.Request, limit: int) -> bytes:
-    """The raw body; non-JSON → 415, more than ``limit`` bytes → 413 (without reading it all)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise CallbackRejected(413, "body too large")
-    if request.content_type != "application/json":
-        raise CallbackRejected(415, "content type must be application/json")
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.read(_READ_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raise CallbackRejected(413, "body too large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def callback_routes(
     handler: ActionHandler,
     deduper: CallbackDeduper,
@@ -151,10 +142,5 @@ def callback_routes(
     observe: Observe | None = None,
 ) -> list[web.RouteDef]:
     """The ``POST /feishu/callback`` route; ``observe(seconds)`` receives each request's latency."""
-    if settings.feishu.encrypt_key is None and settings.feishu.verification_token is None:
-        log.warning(
-            "FP_FEISHU__ENCRYPT_KEY and FP_FEISHU__VERIFICATION_TOKEN are unset: "
-            "card callbacks are accepted without authentication (sandbox only)"
-        )
     endpoint = CallbackEndpoint(handler, deduper, settings, clock, observe=observe)
     return [web.post(CALLBACK_PATH, endpoint.handle)]

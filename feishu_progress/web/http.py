@@ -1,0 +1,138 @@
+"""HTTP plumbing every listener shares: one JSON error shape, one bearer check, one body reader.
+
+Every error any endpoint answers — runtime API, callbacks, admin, the sandbox preview — is
+``{"error": "<code>", "message": "<for people>", ...extra}``. Handlers raise ``HttpError``; the
+``json_errors`` middleware turns it (and aiohttp's own 404/405/413...) into that shape, and turns an
+unexpected failure on our side into a JSON 503 a client can retry, never a bare 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import SecretStr
+
+from feishu_progress.errors import FeishuProgressError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_READ_CHUNK = 64 * 1024
+DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
+RETRY_AFTER_SECONDS = 1
+
+
+class HttpError(Exception):
+    """An answer other than success: the status, a stable machine code and a sentence for people."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def json_error(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    """The one error body of every endpoint."""
+    headers = {"Retry-After": str(extra["retry_after"])} if "retry_after" in extra else None
+    return web.json_response({"error": code, "message": message, **extra}, status=status, headers=headers)
+
+
+def unavailable(message: str, retry_after: int = RETRY_AFTER_SECONDS) -> web.Response:
+    """A 503 the client should retry after ``retry_after`` seconds."""
+    return json_error(503, "unavailable", message, retry_after=retry_after)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """HttpError and aiohttp's HTTP errors as JSON; a failure on our side as a retryable 503."""
+    try:
+        return await handler(request)
+    except HttpError as exc:
+        return json_error(exc.status, exc.code, exc.message, **exc.extra)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except FeishuProgressError as exc:
+        log.warning("%s %s failed: %s", request.method, request.path, type(exc).__name__)
+        return unavailable("Feishu or the database did not answer; retry later")
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return unavailable("the service could not complete the request; retry later")
+
+
+def _as_bytes(text: str) -> bytes:
+    # Headers arrive as str; one that is not valid UTF-8 carries lone surrogates. It must compare
+    # unequal (a 401), never raise (which used to surface as a 500).
+    return text.encode("utf-8", "surrogateescape")
+
+
+def bearer_matches(request: web.Request, token: SecretStr) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>`` (constant-time compare)."""
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(_as_bytes(presented.strip()), _as_bytes(token.get_secret_value()))
+
+
+def require_bearer(request: web.Request, token: SecretStr, name: str) -> None:
+    """Raise a 401 naming the setting unless the request presents ``token``."""
+    if not bearer_matches(request, token):
+        raise HttpError(401, "unauthorized", f"a valid 'Authorization: Bearer <{name}>' header is required")
+
+
+def bearer_auth(token: SecretStr | None, *, prefix: str, name: str) -> Any:
+    """Middleware: every path under ``prefix`` needs the bearer ``token`` (no token configured: open)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is not None and request.path.startswith(prefix):
+            require_bearer(request, token, name)
+        return await handler(request)
+
+    return middleware
+
+
+async def read_body(
+    request: web.Request,
+    *,
+    limit: int,
+    timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS,
+    content_type: str = "application/json",
+) -> bytes:
+    """The raw body: wrong type → 415, over ``limit`` → 413 (without reading it all), too slow → 408."""
+    if request.content_type != content_type:
+        raise HttpError(415, "unsupported_media_type", f"send {content_type}")
+    if request.content_length is not None and request.content_length > limit:
+        raise HttpError(413, "body_too_large", f"the body is over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await request.content.read(_READ_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, "body_too_large", f"the body is over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HttpError(408, "body_timeout", f"the body did not arrive within {timeout:g} s") from None
+    return b"".join(chunks)
+
+
+async def read_json(
+    request: web.Request, *, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
+) -> Any:
+    """The body parsed as JSON (400 when it is not)."""
+    raw = await read_body(request, limit=limit, timeout=timeout)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise HttpError(400, "invalid_json", "the body is not valid JSON") from None

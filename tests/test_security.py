@@ -1,0 +1,254 @@
+"""Issue 15: a default install is no open door (binding, callback authentication, ids in URLs, slow bodies,
+bad bearer tokens). Each test fails on the code before the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from feishu_progress.app import SERVICES, create_app
+from feishu_progress.config import (
+    AdminSettings,
+    ApiSettings,
+    CallbackSettings,
+    FeishuSettings,
+    HttpSettings,
+    Settings,
+)
+from feishu_progress.errors import ConfigError, FeishuAPIError
+from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.sandbox.server import run_sandbox
+
+REQUESTER = "ou_requester"
+
+
+def _sandbox_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": f"sqlite+aiosqlite:///{tmp_path / 'fp.db'}",
+        "http": HttpSettings(port=0),
+        "admin": AdminSettings(host="127.0.0.1", port=0, token="admin-token"),
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+async def sandbox_client(tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[TestClient[Any, Any]]:
+    app = create_app(_sandbox_settings(tmp_path), registry=CollectorRegistry())
+    client: TestClient[Any, Any] = await aiohttp_client(app)
+    yield client
+
+
+# -- 2: sandbox mode is not open to the network -----------------------------------------------------
+
+
+def test_sandbox_mode_binds_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    assert _sandbox_settings(tmp_path).bind_host == "127.0.0.1"
+    with_credentials = _sandbox_settings(
+        tmp_path,
+        feishu=FeishuSettings(app_id="cli_x", app_secret="s", verification_token="v"),
+        api=ApiSettings(token="t"),
+    )
+    assert with_credentials.bind_host == "0.0.0.0"
+
+
+def test_sandbox_mode_on_a_public_address_needs_the_api_token(tmp_path: Path) -> None:
+    exposed = _sandbox_settings(tmp_path, http=HttpSettings(host="0.0.0.0", port=0))
+    with pytest.raises(ConfigError, match="FP_API__TOKEN"):
+        create_app(exposed, registry=CollectorRegistry())
+    protected = _sandbox_settings(
+        tmp_path, http=HttpSettings(host="0.0.0.0", port=0), api=ApiSettings(token="t")
+    )
+    create_app(protected, registry=CollectorRegistry())  # no error
+
+
+async def test_serve_refuses_to_start_exposed_sandbox_and_says_why(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FP_")}
+    env.update(FP_HTTP__HOST="0.0.0.0", FP_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "feishu_progress",
+        "serve",
+        env=env,
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode != 0
+    assert b"FP_API__TOKEN" in output
+
+
+async def test_an_unsigned_click_cannot_approve_anything_in_sandbox_mode(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+    created = await (await sandbox_client.post("/v1/tasks", json=body)).json()
+    session_id = created["session_id"]
+    approval = {"type": "approval", "approval_id": "a1", "tool_name": "shell", "summary": "rm -rf /"}
+    response = await sandbox_client.post(f"/v1/tasks/{session_id}/events", json={"events": [approval]})
+    assert response.status == 202
+    payload = card_action_payload(
+        open_id=REQUESTER,
+        message_id=created["message_id"],
+        value={"v": 1, "action": "approve", "session_id": session_id, "approval_id": "a1"},
+        verification_token="guessed",
+        now=time.time(),
+    )
+    raw, headers = signed_request(payload, encrypt_key=None, now=time.time())
+    refused = await sandbox_client.post("/feishu/callback", data=raw, headers=headers)
+    assert refused.status == 401
+    assert (await refused.json())["message"] == "missing signature headers"
+    actions = await (await sandbox_client.get(f"/v1/tasks/{session_id}/actions")).json()
+    assert actions["actions"] == []
+
+
+async def test_in_sandbox_mode_a_click_signed_with_the_processes_keys_is_accepted(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    settings = sandbox_client.server.app[SERVICES].settings
+    assert settings.feishu.encrypt_key is not None and settings.feishu.verification_token is not None
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+    created = await (await sandbox_client.post("/v1/tasks", json=body)).json()
+    payload = card_action_payload(
+        open_id=REQUESTER,
+        message_id=created["message_id"],
+        value={"v": 1, "action": "cancel", "session_id": created["session_id"]},
+        verification_token=settings.feishu.verification_token.get_secret_value(),
+        now=time.time(),
+    )
+    raw, headers = signed_request(
+        payload, encrypt_key=settings.feishu.encrypt_key.get_secret_value(), now=time.time()
+    )
+    answer = await sandbox_client.post("/feishu/callback", data=raw, headers=headers)
+    assert answer.status == 200
+    assert (await answer.json())["toast"]["type"] == "success"
+
+
+# -- 3: unsigned callbacks outside sandbox mode -------------------------------------------------------
+
+
+def test_webhook_mode_without_callback_keys_refuses_to_start(tmp_path: Path) -> None:
+    settings = _sandbox_settings(
+        tmp_path, feishu=FeishuSettings(app_id="cli_x", app_secret="s"), api=ApiSettings(token="t")
+    )
+    with pytest.raises(ConfigError, match="FP_FEISHU__ENCRYPT_KEY"):
+        create_app(settings, registry=CollectorRegistry())
+    long_connection = settings.model_copy(
+        update={"feishu": settings.feishu.model_copy(update={"mode": "ws"})}
+    )
+    assert long_connection.serving_problems() == []
+
+
+async def test_the_signature_is_checked_before_anything_is_decrypted(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    # Garbage ciphertext with a wrong signature: a decrypt-first parser answers 400 "cannot be decrypted".
+    raw = json.dumps({"encrypt": "not-base64-at-all"}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "X-Lark-Request-Timestamp": str(int(time.time())),
+        "X-Lark-Request-Nonce": "n",
+        "X-Lark-Signature": "0" * 64,
+    }
+    response = await sandbox_client.post("/feishu/callback", data=raw, headers=headers)
+    assert response.status == 401
+    assert (await response.json())["message"] == "invalid signature"
+
+
+# -- 7: ids that go into URLs ---------------------------------------------------------------------------
+
+
+async def test_reply_to_message_id_must_be_a_message_id(sandbox_client: TestClient[Any, Any]) -> None:
+    body = {
+        "receive_id": "oc_1",
+        "receive_id_type": "chat_id",
+        "requester_open_id": REQUESTER,
+        "reply_to_message_id": "../../chats",
+    }
+    response = await sandbox_client.post("/v1/tasks", json=body)
+    assert response.status == 422
+    assert (await response.json())["field"] == "reply_to_message_id"
+
+
+async def test_the_client_never_puts_a_foreign_path_into_a_url() -> None:
+    async with run_sandbox() as sandbox:
+        settings = FeishuSettings(base_url=sandbox.base_url, app_id="a", app_secret="s")
+        async with FeishuClient(settings) as client:
+            with pytest.raises(FeishuAPIError, match="not a Feishu id"):
+                await client.reply_card("../chats", {"schema": "2.0"}, uuid="u")
+            with pytest.raises(FeishuAPIError, match="not a Feishu id"):
+                await client.patch_card("om_1/../../chats", {"schema": "2.0"})
+        assert sandbox.state.requests["reply"] == 0
+        assert sandbox.state.requests["patch"] == 0
+
+
+# -- 8: slow bodies -------------------------------------------------------------------------------------
+
+
+async def test_a_slow_callback_body_is_cut_off(tmp_path: Path, aiohttp_client: Any) -> None:
+    settings = _sandbox_settings(tmp_path, callback=CallbackSettings(body_timeout_seconds=0.3))
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(
+            b"POST /feishu/callback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(
+            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(
+                b":"
+            )[1]
+        )
+        body = json.loads(await reader.readexactly(length))
+    finally:
+        writer.close()
+    assert status_line.split()[1] == b"408"
+    assert body["error"] == "body_timeout"
+
+
+# -- 11: a bearer token that is not UTF-8 ---------------------------------------------------------------
+
+
+async def _raw_get(host: str, port: int, path: str, authorization: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + authorization + b"\r\n\r\n"
+        )
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 5)
+    finally:
+        writer.close()
+
+
+async def test_a_bearer_token_that_is_not_utf8_is_401_not_5xx(tmp_path: Path, aiohttp_client: Any) -> None:
+    settings = _sandbox_settings(tmp_path, api=ApiSettings(token="api-token"))
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    status = await _raw_get(client.host, client.port, "/v1/tasks/1", b"Bearer \xff\xfe\xc3")
+    assert status.split()[1] == b"401"
+    admin_url = client.server.app[SERVICES].admin_url
+    assert admin_url is not None
+    host, port = admin_url.removeprefix("http://").rsplit(":", 1)
+    admin_status = await _raw_get(host, int(port), "/admin/cards", b"Bearer \xff\xfe\xc3")
+    assert admin_status.split()[1] == b"401"
