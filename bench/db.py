@@ -79,7 +79,7 @@ async def ensure_database(base: str, database: str = BENCH_DATABASE) -> str:
 
 async def seed(db: Database, parents: int, running: int) -> list[int]:
     """Fresh rows: ``parents`` parents, ``running`` shown executions, as many hidden ones; parent ids."""
-    now = datetime.now(UTC).replace(tzinfo=None)
+    now = datetime.now(UTC)
     async with db.session() as session:
         await session.execute(SubagentExecution.__table__.delete())
         await session.execute(SessionRow.__table__.delete())

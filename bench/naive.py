@@ -28,11 +28,12 @@ from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.config import FeishuSettings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
-from feishu_progress.db.repo import SubagentRepository, TaskRepository
+from feishu_progress.db.repo import NewTask, SubagentRepository, TaskRepository
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.ports import Clock
+from feishu_progress.progress.live_card import CardContext, card_model
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.state import TaskState
 from feishu_progress.subagents.manager import SubagentManager
@@ -63,7 +64,7 @@ class NaiveCounters:
 
 
 def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
+    return datetime.fromtimestamp(ts, UTC)
 
 
 class NaiveService:
@@ -105,25 +106,23 @@ class NaiveService:
 
     def _model(self, card: NaiveCard) -> Any:
         state = card.state
-        return state.card_model(
-            elapsed_ms=int((self.clock.wall() - state.started_at) * 1000),
-            subagents=card.subagents if state.status.value == "RUNNING" else (),
-            locales=("zh_cn", "en_us"),
-            session_detail_url=None,
+        context = CardContext(
+            state.session_id, state.message_id or "", state.title, started_at=state.started_at
         )
+        return card_model(context, state.card_state(), tuple(card.subagents), self.clock.wall())
 
     async def create_task(self, request: web.Request) -> web.Response:
         assert self.tasks_repo is not None and self.client is not None
         body = ev.parse_model(ev.CreateTaskRequest, await request.json())
         now = self.clock.wall()
         session_id = await self.tasks_repo.create_task(
-            title=body.title,
-            receive_id=body.receive_id,
-            receive_id_type=body.receive_id_type,
-            requester_open_id=body.requester_open_id,
-            reply_to_message_id=None,
-            locale=None,
-            now=_utc(now),
+            NewTask(
+                title=body.title,
+                receive_id=body.receive_id,
+                receive_id_type=body.receive_id_type,
+                requester_open_id=body.requester_open_id,
+                now=_utc(now),
+            )
         )
         state = TaskState(
             session_id=session_id,

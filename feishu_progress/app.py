@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -24,7 +21,7 @@ from pydantic import SecretStr
 
 from feishu_progress.config import FeishuSettings, Settings
 from feishu_progress.db.engine import Database
-from feishu_progress.db.migrate import migration_state, upgrade
+from feishu_progress.db.migrate import upgrade
 from feishu_progress.db.repo import (
     ActionRepository,
     CallbackDedupeRepository,
@@ -38,20 +35,26 @@ from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
-from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
-from feishu_progress.runtime.actions import CardActions
-from feishu_progress.runtime.background import BackgroundTasks
+from feishu_progress.progress.scheduler import DeliveryScheduler
+from feishu_progress.readiness import admin_deps
+from feishu_progress.runtime.action_log import ActionLog
+from feishu_progress.runtime.applier import EventApplier
+from feishu_progress.runtime.card_actions import CardActions
+from feishu_progress.runtime.creation import TaskCreator
 from feishu_progress.runtime.dedupe import PersistentDeduper
-from feishu_progress.runtime.service import Repos, TaskService
+from feishu_progress.runtime.housekeeping import Housekeeping
+from feishu_progress.runtime.images import ImageKeys
+from feishu_progress.runtime.registry import TaskRegistry
+from feishu_progress.runtime.service import TaskService
+from feishu_progress.runtime.snapshots import SnapshotStore
+from feishu_progress.services import SERVICES, Services
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
-from feishu_progress.web.admin import AdminApi, AdminDeps
+from feishu_progress.waiting import Stopper
+from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
 from feishu_progress.web.http import bearer_auth, json_errors
-
-if TYPE_CHECKING:
-    from feishu_progress.sandbox.server import RunningSandbox
 
 log = logging.getLogger(__name__)
 
@@ -60,33 +63,7 @@ SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
 
-
-@dataclass
-class Services:
-    """Everything the running app holds; filled in when the app starts."""
-
-    settings: Settings
-    clock: Clock
-    metrics: Metrics
-    background: BackgroundTasks = field(default_factory=BackgroundTasks)
-    db: Database | None = None
-    client: FeishuClient | None = None
-    scheduler: DeliveryScheduler | None = None
-    service: TaskService | None = None
-    actions: CardActions | None = None
-    deduper: PersistentDeduper | None = None
-    sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
-    admin_url: str | None = None
-    public_url: str | None = None
-    ws_thread: threading.Thread | None = None
-
-    def require_service(self) -> TaskService:
-        if self.service is None:
-            raise RuntimeError("the app has not started")
-        return self.service
-
-
-SERVICES = web.AppKey("services", Services)
+__all__ = ["SERVICES", "Services", "create_app"]
 
 
 class TimedSubagents:
@@ -141,15 +118,16 @@ def create_app(
         middlewares=[json_errors, bearer_auth(settings.api.token, prefix="/v1/", name="FP_API__TOKEN")],
     )
     app[SERVICES] = services
-    app.router.add_routes(
-        callback_routes(
-            _LateActions(services),
-            _LateDeduper(services),
-            settings,
-            services.clock,
-            observe=services.metrics.callback_latency.observe,
+    if settings.feishu.mode == "webhook":
+        app.router.add_routes(
+            callback_routes(
+                _LateActions(services),
+                _LateDeduper(services),
+                settings,
+                services.clock,
+                observe=services.metrics.callback_latency.observe,
+            )
         )
-    )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -180,63 +158,100 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _start(services: Services, stack: AsyncExitStack) -> None:
-    settings = services.settings
     feishu_settings = await _feishu_settings(services, stack)
-
-    if settings.database_url.startswith("sqlite"):
-        # The embedded default migrates itself: a newcomer's first run needs no extra command.
-        await upgrade(settings.database_url)
-    db = Database.open(settings.database_url)
-    stack.push_async_callback(db.close)
-    services.db = db
-    repos = Repos(
-        TaskRepository(db), SubagentRepository(db), ActionRepository(db), CallbackDedupeRepository(db)
-    )
-
-    client = await FeishuClient.open(feishu_settings)
+    db = await _open_database(services, stack)
+    client = await FeishuClient.open(feishu_settings, clock=services.clock)
     stack.push_async_callback(client.close)
     services.client = client
-
-    scheduler = DeliveryScheduler(
-        FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
-        clock=services.clock,
-        rate=settings.rate,
-        metrics=services.metrics,
-        on_stopped=lambda card, reason: _card_stopped(services, card, reason),
-    )
-    services.scheduler = scheduler
-    manager = SubagentManager(db)
-    service = TaskService(
-        settings=settings,
-        repos=repos,
-        subagents=manager,
-        # Every live card's subagent load goes through one batcher: <= 2 queries/s per process.
-        card_subagents=BatchedSubagentSource(TimedSubagents(manager, services.metrics), services.clock),
-        scheduler=scheduler,
-        sender=client,
-        uploader=CachingImageUploader(client),
-        clock=services.clock,
-        metrics=services.metrics,
-        background=services.background,
-    )
-    services.service = service
-    services.actions = CardActions(service, settings, services.background)
-    services.deduper = PersistentDeduper(
-        repos.dedupe, settings.callback.dedupe_ttl_seconds, services.clock, services.background
-    )
-    try:
-        await services.deduper.warm()
-    except Exception:  # clicks are still deduped in memory; redeliveries across the restart may pass
-        log.exception("callback dedupe keys could not be loaded")
+    service = _build_service(services, db, client)
+    await _warm_dedupe(services)
     restored = await service.restore()
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)
-    scheduler.start()
-    services.background.spawn(service.watch_stale(), name="stale-tasks")
-    services.background.spawn(service.persist_loop(), name="persist-snapshots")
+    _start_loops(services, service)
     await _start_admin(services, stack)
-    if settings.feishu.mode == "ws":
+    if services.settings.feishu.mode == "ws":
         _start_long_connection(services)
+
+
+async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
+    url = services.settings.database_url
+    if url.startswith("sqlite"):
+        # The embedded default migrates itself: a newcomer's first run needs no extra command.
+        await upgrade(url)
+    db = Database.open(url)
+    stack.push_async_callback(db.close)
+    services.db = db
+    return db
+
+
+def _build_service(services: Services, db: Database, client: FeishuClient) -> TaskService:
+    """The runtime rooms, wired (docs/architecture.md shows the picture)."""
+    settings, clock, metrics = services.settings, services.clock, services.metrics
+    tasks = TaskRepository(db)
+    manager = SubagentManager(db)
+    snapshots = SnapshotStore(tasks, clock)
+    scheduler = DeliveryScheduler(
+        FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
+        clock=clock,
+        rate=settings.rate,
+        metrics=metrics,
+    )
+    registry = TaskRegistry(
+        settings=settings,
+        clock=clock,
+        scheduler=scheduler,
+        # Every live card's subagent load goes through one batcher: <= 2 queries/s per process.
+        subagents=BatchedSubagentSource(TimedSubagents(manager, metrics), clock, services.background),
+        metrics=metrics,
+    )
+    action_log = ActionLog(ActionRepository(db), clock, services.background)
+    service = TaskService(
+        registry=registry,
+        creator=TaskCreator(settings=settings, repo=tasks, sender=client, registry=registry, clock=clock),
+        applier=EventApplier(
+            subagent_rows=SubagentRepository(db),
+            manager=manager,
+            images=ImageKeys(CachingImageUploader(client), services.background),
+            snapshots=snapshots,
+            clock=clock,
+            metrics=metrics,
+        ),
+        snapshots=snapshots,
+        action_log=action_log,
+        housekeeping=Housekeeping(
+            registry=registry,
+            snapshots=snapshots,
+            dedupe=CallbackDedupeRepository(db),
+            stale_after=settings.task.stale_after,
+            clock=clock,
+        ),
+    )
+    scheduler.listener = service
+    services.scheduler, services.service = scheduler, service
+    services.actions = CardActions(
+        tasks=service.task, action_log=action_log, snapshots=snapshots, settings=settings, clock=clock
+    )
+    services.deduper = PersistentDeduper(
+        CallbackDedupeRepository(db), settings.callback.dedupe_ttl_seconds, clock, services.background
+    )
+    return service
+
+
+async def _warm_dedupe(services: Services) -> None:
+    assert services.deduper is not None
+    try:
+        await services.deduper.warm()
+    except Exception as exc:  # clicks are still deduped in memory; redeliveries across the restart may pass
+        log.warning("callback dedupe keys could not be loaded: %s", type(exc).__name__)
+
+
+def _start_loops(services: Services, service: TaskService) -> None:
+    assert services.scheduler is not None
+    services.scheduler.start()
+    services.stopper = stopper = Stopper(services.clock)
+    services.background.spawn(service.housekeeping.run(stopper), name="housekeeping")
+    services.background.spawn(service.snapshots.run(stopper), name="persist-snapshots")
 
 
 async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuSettings:
@@ -264,20 +279,9 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
     )
 
 
-def _card_stopped(services: Services, card: Deliverable, reason: str) -> None:
-    service = services.service
-    session_id = getattr(card, "session_id", None)
-    if service is None or not isinstance(session_id, int):
-        return
-    services.background.spawn(
-        service.repos.tasks.set_stop_reason(session_id, reason[:255]), name=f"stop-reason-{session_id}"
-    )
-
-
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
-    admin = AdminApi(_admin_deps(services)).app()
-    runner = web.AppRunner(admin, access_log=None)
+    runner = web.AppRunner(AdminApi(admin_deps(services)).app(), access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     site = web.TCPSite(runner, settings.admin.host, settings.admin.port)
@@ -285,61 +289,6 @@ async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     host, port = runner.addresses[0][:2]
     services.admin_url = f"http://{host}:{port}"
     log.info("admin listener on %s", services.admin_url)
-
-
-def _admin_deps(services: Services) -> AdminDeps:
-    async def database() -> str | None:
-        assert services.db is not None
-        await asyncio.wait_for(services.db.ping(), 2.0)
-        current, head = await asyncio.wait_for(migration_state(services.settings.database_url), 5.0)
-        return (
-            None
-            if current == head
-            else f"migrations at {current}, head is {head}: run feishu-progress migrate"
-        )
-
-    async def feishu_token() -> str | None:
-        assert services.client is not None
-        return (
-            None if await asyncio.wait_for(services.client.token_ok(), 5.0) else "tenant token not obtainable"
-        )
-
-    async def scheduler() -> str | None:
-        running = services.scheduler is not None and services.scheduler.running
-        return None if running else "delivery scheduler not running"
-
-    async def long_connection() -> str | None:
-        alive = services.ws_thread is not None and services.ws_thread.is_alive()
-        return None if alive else "long-connection receiver thread is not running"
-
-    def cards() -> list[dict[str, object]]:
-        service = services.service
-        if service is None:
-            return []
-        now = services.clock.wall()
-        return [
-            {
-                "session_id": task.state.session_id,
-                "status": task.state.status.value,
-                "round": task.state.round,
-                "message_id": task.state.message_id,
-                "stopped_reason": task.card.stopped_reason,
-                "seconds_since_event": round(now - task.state.last_event_at, 1),
-            }
-            for task in service.tasks.values()
-        ]
-
-    return AdminDeps(
-        registry=services.metrics.registry,
-        checks={
-            "database": database,
-            "feishu_token": feishu_token,
-            "scheduler": scheduler,
-            **({"long_connection": long_connection} if services.settings.feishu.mode == "ws" else {}),
-        },
-        cards=cards,
-        token=services.settings.admin.token,
-    )
 
 
 def _start_long_connection(services: Services) -> None:
@@ -357,15 +306,15 @@ def _start_long_connection(services: Services) -> None:
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
-    if services.service is not None:
-        services.service.stop_loops()  # they end after their current pass; drained below
+    if services.stopper is not None:
+        services.stopper.stop()  # the loops end after their current pass; drained below
     if services.scheduler is not None:
         report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
         if not report.complete:
             log.error("shutdown: %s", report)
         await services.scheduler.stop()
     if services.service is not None:
-        await services.service.flush_dirty()
+        await services.service.snapshots.flush()
     cancelled = await services.background.drain(BACKGROUND_DRAIN_SECONDS)
     if cancelled:
         log.warning("shutdown: %d background task(s) cancelled", cancelled)

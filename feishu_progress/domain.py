@@ -112,11 +112,22 @@ class Notice(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class ImageRef:
-    """An image a tool produced, and the Feishu image_key it was uploaded as (if any)."""
+class CardState:
+    """The newest state of a task's card, as the task service records it on the live card."""
 
-    path: str
-    image_key: str | None = None
+    status: TaskStatus = TaskStatus.RUNNING
+    round: int = 0
+    content: str = ""
+    content_chars: int = 0  # the whole content's length; ``content`` may be only its head
+    tools: tuple[ToolCall, ...] = ()
+    earlier_tools: int = 0  # calls of this round before ``tools`` that are no longer kept
+    pending_asks: tuple[PendingAsk, ...] = ()
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    disliked: bool = False
+    notice: Notice | None = None
+    error: str = ""
+    image_keys: Mapping[str, str] = field(default_factory=dict)
+    finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +142,10 @@ class CardModel:
     status: TaskStatus
     round: int = 0
     content: str = ""
+    content_chars: int = 0  # the whole content's length when ``content`` is only its head
     title: str = ""
     tools: tuple[ToolCall, ...] = ()
+    earlier_tools: int = 0  # calls of this round before ``tools`` that the card only counts
     subagents: tuple[SubagentSummary, ...] = ()
     elapsed_ms: int = 0
     pending_asks: tuple[PendingAsk, ...] = ()

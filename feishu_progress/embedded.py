@@ -17,11 +17,13 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from feishu_progress.app import SERVICES, Services, create_app
+from feishu_progress.app import create_app
 from feishu_progress.config import Settings
 from feishu_progress.ports import Clock
+from feishu_progress.runtime.creation import CreatedTask
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
-from feishu_progress.runtime.service import CreatedTask, TaskService
+from feishu_progress.runtime.service import TaskService
+from feishu_progress.services import SERVICES, Services
 
 
 class EmbeddedService:
@@ -54,18 +56,18 @@ class EmbeddedService:
     ) -> None:
         await self._runner.cleanup()  # flushes pending final card states, then closes everything
 
-    async def create_task(self, **fields: Any) -> CreatedTask:
-        """Same fields as ``POST /v1/tasks``; sends the first card."""
-        return await self._service.create_task(parse_model(CreateTaskRequest, fields))
+    async def create_task(self, idempotency_key: str | None = None, **fields: Any) -> CreatedTask:
+        """Same fields as ``POST /v1/tasks`` (and its Idempotency-Key); sends the first card."""
+        return await self._service.create_task(parse_model(CreateTaskRequest, fields), idempotency_key)
 
     async def post_events(self, session_id: int, events: Sequence[Mapping[str, Any]]) -> int:
         """Same as ``POST /v1/tasks/{id}/events``; returns how many events were applied."""
         batch = parse_model(EventBatch, {"events": list(events)})
         return await self._service.apply_events(session_id, batch)
 
-    def get_task(self, session_id: int) -> dict[str, Any]:
+    async def get_task(self, session_id: int) -> dict[str, Any]:
         """Same as ``GET /v1/tasks/{id}``."""
-        return self._service.describe(session_id)
+        return await self._service.view(session_id)
 
     async def actions(
         self, session_id: int, after: int = 0, wait: float = 0.0

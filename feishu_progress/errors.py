@@ -55,3 +55,7 @@ class EventRejected(FeishuProgressError):
 
 class UnknownTask(FeishuProgressError):
     """No task with that session id."""
+
+
+class TaskConflict(FeishuProgressError):
+    """The request contradicts the task's state: events after it finished, an id already taken."""

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
+from sqlalchemy import text
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
@@ -285,19 +286,19 @@ async def test_a_recalled_card_stops_and_its_clicks_say_so(
 
 async def test_a_failing_database_answers_503_not_a_crash(client: TestClient[Any, Any]) -> None:
     session_id, _ = await _create(client)
-    service = client.app[SERVICES].service
-    assert service is not None
-
-    async def broken(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionError("database went away")
-
-    service.repos.actions.list_after = broken
+    db = client.app[SERVICES].db
+    assert db is not None
+    async with db.engine.begin() as connection:  # the tables the next calls need are gone
+        await connection.execute(text("DROP TABLE task_action"))
+        await connection.execute(text("ALTER TABLE task_card RENAME TO task_card_gone"))
     response = await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=0", headers=AUTH)
     assert response.status == 503
-    assert (await response.json())["error"] == "unavailable"
-    # Events still apply: the card degrades, the request does not fail.
-    service.repos.tasks.save_state = broken
+    body = await response.json()
+    assert body["error"] == "unavailable" and body["retry_after"] >= 1
+    # Events still apply: the save fails and is retried later, the request does not fail.
     assert (await _events(client, session_id, {"type": "finished", "status": "COMPLETED"})).status == 202
+    task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert task["status"] == "COMPLETED"
 
 
 async def test_the_requester_approves_once_and_the_runtime_reads_it(client: TestClient[Any, Any]) -> None:

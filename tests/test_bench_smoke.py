@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conftest import fresh_mysql_database
 
 
 def _bench(name: str) -> Any:
@@ -48,12 +51,17 @@ async def test_micro_callback_smoke() -> None:
     assert 0 < p50 <= p99 <= worst
 
 
+@pytest.fixture(scope="module")
+def bench_database_url() -> str:
+    return fresh_mysql_database("bench_smoke")
+
+
 @pytest.mark.mysql
-async def test_db_smoke(mysql_url: str) -> None:
+async def test_db_smoke(bench_database_url: str) -> None:
     db_bench = _bench("db")
     from feishu_progress.db.engine import Database
 
-    url = await db_bench.ensure_database(mysql_url, "fp_bench_smoke")
+    url = await db_bench.ensure_database(bench_database_url, make_url(bench_database_url).database)
     db = Database.open(url)
     try:
         parents = await db_bench.seed(db, 10, 30)

@@ -13,20 +13,43 @@ from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecutio
 from feishu_progress.db.repo import (
     ActionRepository,
     CallbackDedupeRepository,
+    NewAction,
+    NewTask,
+    StateRow,
     SubagentRepository,
     TaskRepository,
     storable_key,
 )
-from feishu_progress.db.times import naive_utc_from_timestamp, to_naive_utc
+from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
-from feishu_progress.errors import UnknownTask
+from feishu_progress.errors import TaskConflict, UnknownTask
 
-# Naive UTC like everything stored; microseconds on purpose (MySQL columns are DATETIME(6)).
-T0 = datetime(2026, 10, 19, 8, 0, 0, 123456, tzinfo=UTC).replace(tzinfo=None)
+# Microseconds on purpose (MySQL columns are DATETIME(6)).
+T0 = datetime(2026, 10, 19, 8, 0, 0, 123456, tzinfo=UTC)
+
+
+def task_fields(**overrides: object) -> NewTask:
+    values: dict[str, object] = {
+        "receive_id": "oc_chat",
+        "receive_id_type": "chat_id",
+        "requester_open_id": "ou_requester",
+        "now": T0,
+        "title": "调研飞书卡片",
+        "reply_to_message_id": "om_question",
+        "locale": "zh_cn",
+    }
+    values.update(overrides)
+    return NewTask(**values)  # type: ignore[arg-type]
 
 
 async def new_task(tasks: TaskRepository, title: str | None = "调研飞书卡片") -> int:
-    return await tasks.create_task(title, "oc_chat", "chat_id", "ou_requester", "om_question", "zh_cn", T0)
+    return await tasks.create_task(task_fields(title=title))
+
+
+def state(
+    session_id: int, status: TaskStatus | str, round: int, snapshot: str, at: datetime, **kw: object
+) -> StateRow:
+    return StateRow(session_id, str(status), round, snapshot, at, **kw)  # type: ignore[arg-type]
 
 
 # --- TaskRepository ---------------------------------------------------------------------------
@@ -73,54 +96,87 @@ async def test_save_state_and_finish(db: Database) -> None:
     tasks = TaskRepository(db)
     session_id = await new_task(tasks)
     later = T0 + timedelta(seconds=90)
-    await tasks.save_state(session_id, TaskStatus.WAITING, 3, '{"content":"半路"}', later)
+    await tasks.save_states([state(session_id, TaskStatus.WAITING, 3, '{"content":"半路"}', later)])
     record = await tasks.get(session_id)
     assert record is not None
     assert (record.status, record.round, record.snapshot) == (TaskStatus.WAITING, 3, '{"content":"半路"}')
     assert record.last_event_at == later and record.finished_at is None
 
     end = later + timedelta(minutes=2)
-    await tasks.save_state(session_id, "COMPLETED", 4, "{}", end, finished_at=end)
+    await tasks.save_states([state(session_id, "COMPLETED", 4, "{}", end, finished_at=end, disliked=True)])
     record = await tasks.get(session_id)
     assert record is not None
     assert (record.status, record.round, record.finished_at) == (TaskStatus.COMPLETED, 4, end)
+    assert record.disliked is True
 
 
-async def test_saving_the_same_state_twice_is_not_unknown(db: Database) -> None:
-    # MySQL reports 0 *changed* rows for an identical update; the repository must count matches.
+async def test_stop_reason_is_saved_with_the_state(db: Database) -> None:
     tasks = TaskRepository(db)
     session_id = await new_task(tasks)
-    await tasks.save_state(session_id, TaskStatus.RUNNING, 1, "{}", T0)
-    await tasks.save_state(session_id, TaskStatus.RUNNING, 1, "{}", T0)
-
-
-async def test_set_disliked_and_stop_reason(db: Database) -> None:
-    tasks = TaskRepository(db)
-    session_id = await new_task(tasks)
-    await tasks.set_disliked(session_id, True)
-    await tasks.set_stop_reason(session_id, "recalled")
+    await tasks.save_states([state(session_id, "RUNNING", 1, "{}", T0, stop_reason="recalled")])
     record = await tasks.get(session_id)
-    assert record is not None and record.disliked is True and record.stop_reason == "recalled"
-    await tasks.set_disliked(session_id, False)
-    await tasks.set_stop_reason(session_id, None)
-    record = await tasks.get(session_id)
-    assert record is not None and record.disliked is False and record.stop_reason is None
+    assert record is not None and record.stop_reason == "recalled"
 
 
 async def test_updates_of_unknown_tasks_raise(db: Database) -> None:
     tasks = TaskRepository(db)
     with pytest.raises(UnknownTask):
         await tasks.set_message_id(999, "om_x")
-    with pytest.raises(UnknownTask):
-        await tasks.save_state(999, TaskStatus.RUNNING, 1, "{}", T0)
+
+
+async def test_a_runtime_session_id_is_used_and_taken_only_once(db: Database) -> None:
+    tasks = TaskRepository(db)
+    assert await tasks.create_task(task_fields(session_id=9_000_000_001)) == 9_000_000_001
+    with pytest.raises(TaskConflict):
+        await tasks.create_task(task_fields(session_id=9_000_000_001))
+
+
+async def test_an_idempotency_key_finds_its_task_and_is_taken_only_once(db: Database) -> None:
+    tasks = TaskRepository(db)
+    session_id = await tasks.create_task(task_fields(idempotency_key="run-42"))
+    found = await tasks.find_by_idempotency_key("run-42")
+    assert found is not None and found.session_id == session_id
+    assert await tasks.find_by_idempotency_key("run-43") is None
+    with pytest.raises(TaskConflict):
+        await tasks.create_task(task_fields(idempotency_key="run-42"))
+    long_key = "k" * 255  # stored as its digest, found by the same key
+    long_id = await tasks.create_task(task_fields(idempotency_key=long_key))
+    again = await tasks.find_by_idempotency_key(long_key)
+    assert again is not None and again.session_id == long_id
+
+
+async def test_delete_task_leaves_nothing_behind(db: Database) -> None:
+    tasks = TaskRepository(db)
+    session_id = await new_task(tasks)
+    await tasks.delete_task(session_id)
+    assert await tasks.get(session_id) is None
+    async with db.session() as session:
+        assert await session.get(SessionRow, session_id) is None
+
+
+async def test_a_200_kb_snapshot_and_a_long_answer_survive(db: Database) -> None:
+    # Issue 15 #4: TEXT holds 64 KiB on MySQL; these were refused ("Data too long") or cut.
+    tasks, actions = TaskRepository(db), ActionRepository(db)
+    session_id = await new_task(tasks)
+    snapshot = '{"content":"' + "长" * 70_000 + '"}'  # 70 000 CJK characters: 210 KB of UTF-8
+    await tasks.save_states([state(session_id, "RUNNING", 1, snapshot, T0)])
+    record = await tasks.get(session_id)
+    assert record is not None and record.snapshot == snapshot
+    answer = {"answers": [{"question": "为什么?", "custom_input": "答" * 5000}] * 6}
+    [(_, created)] = await actions.append_many([NewAction(session_id, "answers", "ou", answer, "k", T0)])
+    assert created and (await actions.list_after(session_id, 0))[0].payload == answer
 
 
 async def test_list_unfinished_returns_running_and_waiting_only(db: Database) -> None:
     tasks = TaskRepository(db)
     running, waiting, done, failed = [await new_task(tasks) for _ in range(4)]
-    await tasks.save_state(waiting, TaskStatus.WAITING, 1, "{}", T0)
-    await tasks.save_state(done, TaskStatus.COMPLETED, 1, "{}", T0, finished_at=T0)
-    await tasks.save_state(failed, TaskStatus.FAILED, 1, "{}", T0, finished_at=T0)
+    await tasks.save_states(
+        [
+            state(waiting, TaskStatus.WAITING, 1, "{}", T0),
+            state(done, TaskStatus.COMPLETED, 1, "{}", T0, finished_at=T0),
+            state(failed, TaskStatus.FAILED, 1, "{}", T0, finished_at=T0),
+        ]
+    )
     unfinished = await tasks.list_unfinished()
     assert [record.session_id for record in unfinished] == [running, waiting]
     assert unfinished[1].status is TaskStatus.WAITING
@@ -214,13 +270,25 @@ async def test_subagent_arguments_are_validated(db: Database) -> None:
 # --- ActionRepository --------------------------------------------------------------------------
 
 
+def action(  # noqa: PLR0917 - reads like the row it makes
+    session_id: int, kind: str, operator: str, payload: dict[str, object], key: str, at: datetime = T0
+) -> NewAction:
+    return NewAction(session_id, kind, operator, payload, key, at)
+
+
 async def test_append_and_list_after_by_cursor(db: Database) -> None:
     actions = ActionRepository(db)
-    first, created = await actions.append(1, "cancel", "ou_a", {}, None, T0)
+    [(first, created)] = await actions.append_many([action(1, "cancel", "ou_a", {}, "k1")])
     assert created
-    second, _ = await actions.append(1, "answers", "ou_a", {"answers": {"q1": ["是"]}}, None, T0)
-    await actions.append(2, "dislike", "ou_b", {}, None, T0)  # another session
-    third, _ = await actions.append(1, "retry", "ou_c", {"n": 1}, None, T0 + timedelta(seconds=1))
+    (second, _), (_, _) = await actions.append_many(
+        [
+            action(1, "answers", "ou_a", {"answers": {"q1": ["是"]}}, "k2"),
+            action(2, "dislike", "ou_b", {}, "k3"),
+        ]
+    )
+    [(third, _)] = await actions.append_many(
+        [action(1, "retry", "ou_c", {"n": 1}, "k4", T0 + timedelta(seconds=1))]
+    )
 
     assert [a.id for a in await actions.list_after(1, 0)] == [first.id, second.id, third.id]
     assert [a.id for a in await actions.list_after(1, first.id)] == [second.id, third.id]
@@ -237,30 +305,34 @@ async def test_append_and_list_after_by_cursor(db: Database) -> None:
     assert stored.created_at == T0 and stored.session_id == 1
 
 
-async def test_append_is_idempotent_on_dedupe_key(db: Database) -> None:
+async def test_append_is_idempotent_on_dedupe_key_within_and_across_batches(db: Database) -> None:
     actions = ActionRepository(db)
-    record, created = await actions.append(1, "cancel", "ou_a", {"why": 1}, "evt-1", T0)
-    again, created_again = await actions.append(1, "cancel", "ou_a", {"why": 2}, "evt-1", T0)
-    assert created and not created_again
-    assert again == record  # the first payload wins
-    assert len(await actions.list_after(1, 0)) == 1
+    [(record, created)] = await actions.append_many([action(1, "cancel", "ou_a", {"why": 1}, "evt-1")])
+    results = await actions.append_many(
+        [action(1, "cancel", "ou_a", {"why": 2}, "evt-1"), action(1, "retry", "ou_a", {}, "evt-2")]
+    )
+    assert created and results[0] == (record, False)  # the first payload wins
+    assert results[1][1] is True
+    assert len(await actions.list_after(1, 0)) == 2
 
 
 async def test_concurrent_appends_with_one_key_store_one_action(db: Database) -> None:
     actions = ActionRepository(db)
-    results = await asyncio.gather(
-        *(actions.append(1, "retry", "ou_a", {}, "evt-race", T0) for _ in range(4))
+    outcomes = await asyncio.gather(
+        *(actions.append_many([action(1, "retry", "ou_a", {}, "evt-race")]) for _ in range(4)),
+        return_exceptions=True,
     )
-    assert sum(created for _, created in results) == 1
-    assert len({record.id for record, _ in results}) == 1
+    # A racing batch either sees the winner's row or fails with IntegrityError (ActionLog retries it).
+    created = [result for outcome in outcomes if isinstance(outcome, list) for result in outcome if result[1]]
+    assert len(created) == 1
     assert len(await actions.list_after(1, 0)) == 1
 
 
 async def test_long_dedupe_keys_are_digested(db: Database) -> None:
     actions = ActionRepository(db)
     long_key = "token-" + "x" * 300
-    record, created = await actions.append(1, "dislike", "ou_a", {}, long_key, T0)
-    _, created_again = await actions.append(1, "dislike", "ou_a", {}, long_key, T0)
+    [(record, created)] = await actions.append_many([action(1, "dislike", "ou_a", {}, long_key)])
+    [(_, created_again)] = await actions.append_many([action(1, "dislike", "ou_a", {}, long_key)])
     assert created and not created_again
     assert record.dedupe_key == storable_key(long_key) and len(record.dedupe_key) <= 191
     assert storable_key("short") == "short"
@@ -299,41 +371,36 @@ async def test_purge_expired(db: Database) -> None:
     assert await seen.purge_expired(T0 + timedelta(seconds=50)) == 0
 
 
-# --- naive UTC -----------------------------------------------------------------------------------
+# --- UTC at the column ----------------------------------------------------------------------------
 
 
-def test_naive_utc_helpers() -> None:
-    shanghai = timezone(timedelta(hours=8))
-    assert to_naive_utc(datetime(2026, 10, 19, 16, 0, tzinfo=shanghai)) == datetime(
-        2026, 10, 19, 8, 0, tzinfo=UTC
-    ).replace(tzinfo=None)
-    assert to_naive_utc(T0) is T0
-    assert naive_utc_from_timestamp(T0.replace(tzinfo=UTC).timestamp()) == T0
+def test_utc_datetime_from_a_timestamp() -> None:
+    assert utc_datetime(T0.timestamp()) == T0
 
 
-async def test_aware_datetimes_are_stored_as_naive_utc(db: Database) -> None:
+async def test_datetimes_in_any_zone_come_back_as_the_same_instant_in_utc(db: Database) -> None:
     tasks = TaskRepository(db)
     shanghai = timezone(timedelta(hours=8))
-    session_id = await tasks.create_task("t", "oc", "chat_id", "ou", None, None, T0.replace(tzinfo=UTC))
-    await tasks.save_state(
-        session_id,
-        TaskStatus.RUNNING,
-        1,
-        "{}",
-        (T0 + timedelta(hours=1)).replace(tzinfo=UTC).astimezone(shanghai),
+    session_id = await tasks.create_task(task_fields(now=T0.astimezone(shanghai)))
+    await tasks.save_states(
+        [state(session_id, TaskStatus.RUNNING, 1, "{}", (T0 + timedelta(hours=1)).astimezone(shanghai))]
     )
     record = await tasks.get(session_id)
     assert record is not None
     assert (record.started_at, record.last_event_at) == (T0, T0 + timedelta(hours=1))
-    assert record.started_at.tzinfo is None
+    assert record.started_at.tzinfo is UTC
+
+
+async def test_a_naive_datetime_is_refused_before_it_reaches_the_database(db: Database) -> None:
+    tasks = TaskRepository(db)
+    with pytest.raises(Exception, match="naive datetime"):
+        await tasks.create_task(task_fields(now=T0.replace(tzinfo=None)))
 
 
 async def test_save_states_writes_many_cards_in_one_call(db: Database) -> None:
-    from feishu_progress.db.repo import StateRow, TaskRepository
-
     tasks = TaskRepository(db)
     now = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-    ids = [await tasks.create_task(f"t{n}", "oc_1", "chat_id", "ou_1", None, None, now) for n in range(3)]
+    ids = [await tasks.create_task(task_fields(title=f"t{n}", now=now)) for n in range(3)]
     await tasks.save_states(
         [
             StateRow(sid, "RUNNING", n + 1, f'{{"n": {n}}}', now + timedelta(seconds=n))

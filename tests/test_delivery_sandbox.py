@@ -40,8 +40,10 @@ from feishu_progress.config import FeishuSettings, RateSettings
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.sink import FeishuCardSink
-from feishu_progress.progress import BackoffPolicy, BuildCard, CardContext, DeliveryScheduler, LiveCard
+from feishu_progress.progress.live_card import BuildCard, CardContext, LiveCard
+from feishu_progress.progress.scheduler import BackoffPolicy, DeliveryScheduler
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, run_sandbox
+from tests.test_scheduler_fakes import finish, push
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +191,7 @@ async def drive(
             index = done % len(cards)
             card = cards[index]
             rounds[index] += 1
-            card.update(RUNNING, rounds[index], f"step {rounds[index]} of task {card.session_id}", ())
+            push(card, round=rounds[index], content=f"step {rounds[index]} of task {card.session_id}")
             first_update.setdefault(card.message_id, rig.sandbox_now())
             done += 1
         await rig.clock.sleep(0.05)
@@ -238,7 +240,7 @@ async def test_500_cards_at_ten_times_the_budget_spend_it_fully_fairly_and_witho
         first_update = await drive(r, cards, seconds=window, per_second=10 * budget_per_second)
         window_end = r.sandbox_now()
         for card in cards:
-            card.finish(COMPLETED, content=f"done: task {card.session_id}")
+            finish(card, COMPLETED, r.clock, content=f"done: task {card.session_id}")
         # 500 final states at 1000/min need 30 scaled s; allow twice that.
         await r.drain(60.0)
         finished = r.sandbox_now()
@@ -296,7 +298,7 @@ async def test_every_final_state_arrives_although_30_percent_of_patches_fail_wit
         r.sandbox.state.faults.fail(0.3, status=500, endpoints=("patch",), seed=11)
         await drive(r, cards, seconds=20.0, per_second=60.0)
         for card in cards:
-            card.finish(COMPLETED, content=f"done: task {card.session_id}")
+            finish(card, COMPLETED, r.clock, content=f"done: task {card.session_id}")
         # Backoff is at most 30 s per attempt; a 20-attempt streak at 30 % is ~1e-11 likely.
         await r.drain(120.0)
 
@@ -347,7 +349,7 @@ async def test_an_oversized_card_arrives_degraded_never_lost() -> None:
         assert running.card["config"] == expected["config"]
 
         for card in cards:
-            card.finish(COMPLETED, content=f"done: task {card.session_id}")
+            finish(card, COMPLETED, r.clock, content=f"done: task {card.session_id}")
         await r.drain(10.0)
 
         assert big.stopped_reason is None
@@ -379,9 +381,9 @@ async def test_a_recalled_message_is_never_patched_again_and_says_why() -> None:
 
         # Keep changing it, end it: nothing more reaches the sandbox for this message.
         await drive(r, cards, seconds=5.0, per_second=10.0)
-        recalled.finish(COMPLETED, content="done")
+        finish(recalled, COMPLETED, r.clock, content="done")
         for card in others:
-            card.finish(COMPLETED, content="done")
+            finish(card, COMPLETED, r.clock, content="done")
         await r.drain(10.0)
         await r.clock.sleep(2.0)
 

@@ -33,8 +33,8 @@ async def test_embedded_service_runs_a_task(tmp_path: Path) -> None:
             with pytest.raises(EventRejected) as rejected:
                 await fp.post_events(task.session_id, [{"type": "content", "text": "x"}, {"type": "status"}])
             assert rejected.value.location == "events[1].status"
-            assert fp.get_task(task.session_id)["round"] == 0
+            assert (await fp.get_task(task.session_id))["round"] == 0
             assert await fp.post_events(task.session_id, [{"type": "finished", "status": "COMPLETED"}]) == 1
-            assert fp.get_task(task.session_id)["status"] == "COMPLETED"
+            assert (await fp.get_task(task.session_id))["status"] == "COMPLETED"
         # Leaving the block flushed the final state to the card.
         assert "已完成" in str(sandbox.state.messages[task.message_id].card)

@@ -1,17 +1,33 @@
-"""LiveCard: seed 002 §6.1 patched-progress rows, plus recording, elapsed time, hooks and the registry."""
+"""LiveCard: seed 002 §6.1 patched-progress rows, recording, elapsed time, and the subagent degrade.
+
+Every change goes through ``record`` (what the task service calls) or ``subagents_changed``."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
 
-import pytest
+from sqlalchemy import text
 
-from feishu_progress.domain import Notice, PendingApproval, PendingAsk, SubagentSummary, TaskStatus
-from feishu_progress.metrics import Metrics
-from feishu_progress.progress import CardContext, CardState, LiveCard, LiveCardRegistry
+from feishu_progress.background import BackgroundTasks
+from feishu_progress.db.engine import Database
+from feishu_progress.db.repo import SubagentRepository
+from feishu_progress.db.times import utc_datetime
+from feishu_progress.domain import CardState, Notice, PendingApproval, PendingAsk, SubagentSummary, TaskStatus
+from feishu_progress.progress.live_card import CardContext, LiveCard
+from feishu_progress.subagents.batcher import BatchedSubagentSource
+from feishu_progress.subagents.manager import SubagentManager
 from tests.fakes import FakeClock
-from tests.test_scheduler_fakes import FakeSubagents, Harness, build_card, build_degraded_card, subagent
+from tests.test_scheduler_fakes import (
+    FakeSubagents,
+    Harness,
+    build_card,
+    build_degraded_card,
+    finish,
+    push,
+    step,
+    subagent,
+)
 
 RUNNING = TaskStatus.RUNNING
 
@@ -37,7 +53,7 @@ async def test_build_card_receives_the_loaded_subagents() -> None:
         source = FakeSubagents(h.clock)
         source.fallback = [subagent(1), subagent(2)]
         card = h.card(subagents=source)
-        card.update(RUNNING, 3, "working", ())
+        push(card, round=3, content="working")
         await h.clock.advance(1.0)
         assert h.sink.records[-1].card["subagents"] == [1, 2]
         assert card.render_current()["subagents"] == [1, 2]
@@ -49,7 +65,7 @@ async def test_a_throwing_loader_still_patches_and_keeps_the_last_snapshot() -> 
         source.answers.extend([RuntimeError("db down"), [subagent(5)], RuntimeError("db down again")])
         card = h.card(subagents=source)
         for n in range(3):
-            card.update(RUNNING, n, f"step {n}", ())
+            step(card, n)
             await h.clock.advance(1.5)  # past the 1 s cache: every PATCH loads
         assert source.calls == 3
         assert [r.card["subagents"] for r in h.sink.records] == [[], [5], [5]]
@@ -62,12 +78,12 @@ async def test_several_updates_within_one_second_load_once() -> None:
         source.fallback = [subagent(1)]
         card = h.card(subagents=source)
         for n in range(3):
-            card.update(RUNNING, n, f"step {n}", ())
+            step(card, n)
             await h.clock.advance(0.3)
         assert len(h.sink.records) == 3
         assert source.calls == 1
         await h.clock.advance(1.0)
-        card.update(RUNNING, 9, "later", ())
+        step(card, 9)
         await h.clock.advance(0.3)
         assert source.calls == 2
 
@@ -77,7 +93,7 @@ async def test_render_current_uses_the_cache_and_never_loads() -> None:
     source = FakeSubagents(clock)
     source.fallback = [subagent(4)]
     card = lone_card(clock, source)
-    card.update(RUNNING, 1, "x", ())
+    step(card, 1)
     assert card.render_current()["subagents"] == []  # nothing loaded yet, and render does not load
     await card.build_for_delivery()
     await clock.advance(5.0)  # cache long expired: render still does not load
@@ -90,9 +106,9 @@ async def test_a_terminal_update_shows_no_subagents_and_neither_does_render_curr
         source = FakeSubagents(h.clock)
         source.fallback = [subagent(1), subagent(2)]
         card = h.card(subagents=source)
-        card.update(RUNNING, 1, "x", ())
+        step(card, 1)
         await h.clock.advance(1.5)
-        card.finish(TaskStatus.COMPLETED, content="done")
+        finish(card, TaskStatus.COMPLETED, h.clock, content="done")
         await h.clock.advance(1.5)
         assert h.sink.records[-1].card["subagents"] == []
         assert h.sink.records[-1].card["status"] == "COMPLETED"
@@ -101,14 +117,14 @@ async def test_a_terminal_update_shows_no_subagents_and_neither_does_render_curr
         assert source.calls == 1  # terminal states never load
 
 
-async def test_refresh_forces_a_reload_and_an_urgent_patch() -> None:
+async def test_a_subagent_change_drops_the_cache_and_the_next_delivery_reloads() -> None:
     async with Harness() as h:
         source = FakeSubagents(h.clock)
         source.answers.extend([[subagent(1)], [subagent(1), subagent(2)]])
         card = h.card(subagents=source)
-        card.update(RUNNING, 1, "x", ())
+        step(card, 1)
         await h.clock.advance(0.3)
-        await card.refresh()  # within the 1 s cache, yet reloads
+        card.subagents_changed()  # within the 1 s cache, yet the next delivery reloads
         await h.clock.advance(0.3)
         assert source.calls == 2
         assert [r.card["subagents"] for r in h.sink.records] == [[1], [1, 2]]
@@ -119,12 +135,10 @@ async def test_at_most_one_load_in_flight() -> None:
     source = FakeSubagents(clock, delay=0.5)
     source.fallback = [subagent(3)]
     card = lone_card(clock, source)
-    card.update(RUNNING, 1, "x", ())
-    builds = [asyncio.create_task(card.build_for_delivery()) for _ in range(3)]
-    refresh = asyncio.create_task(card.refresh())
+    step(card, 1)
+    builds = [asyncio.create_task(card.build_for_delivery()) for _ in range(4)]
     await clock.advance(1.0)
     deliveries = await asyncio.gather(*builds)
-    await refresh
     assert source.max_in_flight == 1
     assert source.calls == 1
     assert all(d.card["subagents"] == [3] for d in deliveries)
@@ -135,10 +149,10 @@ async def test_a_load_that_ends_after_the_task_finished_does_not_bring_subagents
     source = FakeSubagents(clock, delay=0.5)
     source.fallback = [subagent(3)]
     card = lone_card(clock, source)
-    card.update(RUNNING, 1, "x", ())
+    step(card, 1)
     build = asyncio.create_task(card.build_for_delivery())
     await clock.advance(0.1)
-    card.finish(TaskStatus.CANCELLED)
+    finish(card, TaskStatus.CANCELLED, clock)
     await clock.advance(1.0)
     delivery = await build
     assert delivery.card["subagents"] == []
@@ -149,36 +163,36 @@ async def test_a_load_that_ends_after_the_task_finished_does_not_bring_subagents
 # -- recording ---------------------------------------------------------------------------------------
 
 
-async def test_setters_record_the_newest_state_for_the_builder() -> None:
+async def test_record_carries_every_field_to_the_builder_and_counts_versions() -> None:
     clock = FakeClock()
     card = lone_card(clock)
-    card.update(TaskStatus.WAITING, 4, "question?", ())
-    card.set_pending_asks([PendingAsk("ask-1", ())])
-    card.set_approvals([PendingApproval("ap-1", "mcp:github")])
-    card.set_notice(Notice.ANSWERS_SUBMITTED)
-    card.set_disliked()
-    card.set_image_keys({"/tmp/cat.png": "img_v2_1"})
-    card.set_error("partial")
+    card.record(
+        CardState(
+            status=TaskStatus.WAITING,
+            round=4,
+            content="question?",
+            pending_asks=(PendingAsk("ask-1", ()),),
+            pending_approvals=(PendingApproval("ap-1", "mcp:github"),),
+            notice=Notice.ANSWERS_SUBMITTED,
+            disliked=True,
+            image_keys={"/tmp/cat.png": "img_v2_1"},
+            error="partial",
+        )
+    )
     built = card.render_current()
     assert built["status"] == "WAITING" and built["round"] == 4
     assert built["asks"] == ["ask-1"] and built["approvals"] == ["ap-1"]
     assert built["notice"] == "answers_submitted" and built["disliked"] is True
     assert built["image_keys"] == {"/tmp/cat.png": "img_v2_1"} and built["error"] == "partial"
-    assert card.version == 7
+    assert card.version == 1
 
 
-async def test_finish_keeps_content_unless_given_and_rejects_a_live_status() -> None:
+async def test_recording_an_unchanged_state_is_nothing() -> None:
     clock = FakeClock()
     card = lone_card(clock)
-    card.update(RUNNING, 2, "so far", ())
-    card.set_pending_asks([PendingAsk("ask-1", ())])
-    with pytest.raises(ValueError, match="terminal"):
-        card.finish(RUNNING)
-    card.finish(TaskStatus.FAILED, error="tool crashed")
-    assert card.state.content == "so far"
-    assert card.state.error == "tool crashed"
-    assert card.state.pending_asks == ()
-    assert card.is_terminal
+    step(card, 1)
+    step(card, 1)
+    assert card.version == 1
 
 
 async def test_elapsed_time_runs_from_started_at_and_freezes_at_finish() -> None:
@@ -186,28 +200,9 @@ async def test_elapsed_time_runs_from_started_at_and_freezes_at_finish() -> None
     card = lone_card(clock)
     await clock.advance(192.5)
     assert card.render_current()["elapsed_ms"] == 192_500
-    card.finish(TaskStatus.COMPLETED)
+    finish(card, TaskStatus.COMPLETED, clock)
     await clock.advance(3600.0)
     assert card.render_current()["elapsed_ms"] == 192_500
-
-
-async def test_on_change_sees_every_recorded_change_and_a_failing_hook_does_not_break_recording() -> None:
-    clock = FakeClock()
-    seen: list[CardState] = []
-
-    def hook(card: LiveCard) -> None:
-        seen.append(card.state)
-        if len(seen) == 2:
-            raise RuntimeError("db hiccup")
-
-    card = lone_card(clock, on_change=hook)
-    card.update(RUNNING, 1, "a", ())
-    card.update(RUNNING, 1, "a", ())  # no change: no hook, no version
-    card.update(RUNNING, 2, "b", ())
-    card.set_disliked()
-    assert [s.round for s in seen] == [1, 2, 2]
-    assert seen[-1].disliked is True
-    assert card.version == 3
 
 
 async def test_a_restored_card_starts_from_its_persisted_state() -> None:
@@ -216,19 +211,6 @@ async def test_a_restored_card_starts_from_its_persisted_state() -> None:
     card = lone_card(clock, state=saved)
     assert card.render_current()["content"] == "before the restart"
     assert card.version == 0  # nothing new to deliver until the next change
-
-
-async def test_the_registry_finds_cards_by_session_and_message_and_counts_them() -> None:
-    clock = FakeClock()
-    metrics = Metrics()
-    registry = LiveCardRegistry(metrics)
-    card = lone_card(clock)
-    registry.add(card)
-    assert registry.get(7) is card and registry.by_message("om_7") is card and 7 in registry
-    assert metrics.value("fp_live_cards") == 1
-    assert registry.remove(7) is card
-    assert registry.by_message("om_7") is None and len(registry) == 0
-    assert metrics.value("fp_live_cards") == 0
 
 
 class _SnapshotAtStart:
@@ -255,7 +237,7 @@ async def test_a_subagent_that_starts_during_a_load_is_not_lost() -> None:
         source = _SnapshotAtStart(h.clock, delay=0.2)
         source.rows = [1]
         card = h.card(subagents=source)  # type: ignore[arg-type]
-        card.update(RUNNING, 1, "working", ())
+        push(card, round=1, content="working")
         await h.clock.advance(0.1)  # the delivery's load is reading [1]
         source.rows = [1, 2]  # the second subagent is written meanwhile...
         card.subagents_changed()  # ...and the service says so
@@ -263,3 +245,49 @@ async def test_a_subagent_that_starts_during_a_load_is_not_lost() -> None:
         # The stale list went out at most once; the card was delivered again with both subagents.
         assert h.sink.records[-1].card["subagents"] == [1, 2]
         assert source.calls == 2
+
+
+# -- the real manager, batcher and database: the subagent degrade happens in the live card only -------
+
+
+async def _rename(db: Database, old: str, new: str) -> None:
+    async with db.engine.begin() as connection:
+        await connection.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+
+async def test_a_database_blip_keeps_the_last_subagent_list_and_a_first_load_shows_none(db: Database) -> None:
+    clock = FakeClock()
+    rows = SubagentRepository(db)
+    now = utc_datetime(clock.wall())
+    for ref in ("a", "b"):
+        await rows.start(7, ref, None, "explorer", f"调研 {ref}", None, "BACKGROUND", now)
+    batcher = BatchedSubagentSource(SubagentManager(db), clock, BackgroundTasks())
+
+    def card_of(session_id: int) -> LiveCard:
+        context = CardContext(session_id=session_id, message_id=f"om_{session_id}", started_at=clock.wall())
+        card = LiveCard(
+            context,
+            clock=clock,
+            build_card=build_card,
+            build_degraded_card=build_degraded_card,
+            subagents=batcher,
+        )
+        step(card, 1)
+        return card
+
+    async def subagents_on(card: LiveCard) -> list[int]:
+        delivery = asyncio.create_task(card.build_for_delivery())
+        await clock.advance(1.5)  # past the 1 s cache and the batcher's spacing
+        return list((await delivery).card["subagents"])
+
+    seen = card_of(7)
+    assert len(await subagents_on(seen)) == 2
+    await _rename(db, "subagent_execution", "subagent_execution_gone")
+    try:
+        assert len(await subagents_on(seen)) == 2  # kept, not emptied
+        assert await subagents_on(card_of(8)) == []  # a first load: none
+    finally:
+        await _rename(db, "subagent_execution_gone", "subagent_execution")
+    await rows.finish((await rows.find(7, "a")) or 0, "COMPLETED", 3, now)
+    seen.subagents_changed()
+    assert len(await subagents_on(seen)) == 1  # the database answers again

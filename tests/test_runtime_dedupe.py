@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import CallbackDedupeRepository
-from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.runtime.dedupe import PersistentDeduper
 from tests.fakes import FakeClock
 

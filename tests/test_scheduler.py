@@ -12,15 +12,17 @@ import pytest
 from feishu_progress.config import RateSettings
 from feishu_progress.domain import TaskStatus
 from feishu_progress.ports import OutcomeKind, PatchOutcome
-from feishu_progress.progress import BackoffPolicy, LiveCard
-from tests.test_scheduler_fakes import Harness, PatchRecord, outcome
+from feishu_progress.progress.live_card import LiveCard
+from feishu_progress.progress.scheduler import BackoffPolicy
+from tests.test_scheduler_fakes import Harness, PatchRecord, finish, outcome, push
+from tests.test_scheduler_fakes import step as record_step
 
 RUNNING = TaskStatus.RUNNING
 EPS = 1e-6
 
 
 def step(card: LiveCard, n: int) -> None:
-    card.update(RUNNING, n, f"step {n}", ())
+    record_step(card, n)
 
 
 def assert_never_overlapping(records: list[PatchRecord], interval: float = 0.25) -> None:
@@ -70,7 +72,7 @@ async def test_the_final_state_is_delivered_when_it_lands_mid_flight() -> None:
         step(card, 1)
         await h.clock.advance(0.1)
         assert len(h.sink.records) == 1 and h.sink.records[0].ended is None  # in flight
-        card.finish(TaskStatus.COMPLETED, content="done")
+        finish(card, TaskStatus.COMPLETED, h.clock, content="done")
         await h.clock.advance(2.0)
 
         records = h.sink.of("om_1")
@@ -85,7 +87,7 @@ async def test_an_unchanged_card_is_not_patched_again() -> None:
         step(card, 1)
         await h.clock.advance(1.0)
         step(card, 1)  # same state: nothing recorded
-        card.set_disliked(False)  # already not disliked
+        push(card, disliked=False)  # already not disliked
         await h.clock.advance(1.0)
         assert len(h.sink.records) == 1
 
@@ -102,9 +104,9 @@ async def test_terminal_and_urgent_cards_go_before_ordinary_ones_then_the_longes
         await h.clock.advance(0.01)
         step(b, 1)
         await h.clock.advance(0.01)
-        await urgent.refresh()
+        push(urgent, urgent=True, round=7)  # a click the runtime should see reflected at once
         await h.clock.advance(0.01)
-        done.finish(TaskStatus.FAILED, error="boom")
+        finish(done, TaskStatus.FAILED, h.clock, error="boom")
         await h.clock.advance(10.0)
 
         order = [r.message_id for r in h.sink.records]
@@ -139,7 +141,7 @@ async def test_fairness_under_ten_times_the_budget() -> None:
             assert max(b - a for a, b in itertools.pairwise(times)) <= allowed_gap, card.message_id
 
         for card in cards:
-            card.finish(TaskStatus.COMPLETED, content=f"final {card.message_id}")
+            finish(card, TaskStatus.COMPLETED, h.clock, content=f"final {card.message_id}")
         await h.clock.advance(30.0)
         for card in cards:
             last = h.sink.of(card.message_id)[-1].card
@@ -222,7 +224,7 @@ async def test_a_terminal_state_gets_more_patience_than_progress() -> None:
     async with Harness(backoff=policy) as h:
         card = h.card()
         h.sink.answer("om_1", *[outcome(OutcomeKind.BACKOFF)] * 6)
-        card.finish(TaskStatus.COMPLETED)
+        finish(card, TaskStatus.COMPLETED, h.clock)
         await h.clock.advance(60.0)
         assert len(h.sink.records) == 7
         assert h.sink.records[-1].outcome == PatchOutcome.delivered()
@@ -257,7 +259,7 @@ async def test_degrade_resends_once_as_the_degraded_card() -> None:
         kinds = [r.card["kind"] for r in h.sink.records]
         assert kinds == ["full", "degraded"]
         assert h.sink.records[-1].card["content"] == "step 1"
-        card.finish(TaskStatus.COMPLETED)
+        finish(card, TaskStatus.COMPLETED, h.clock)
         await h.clock.advance(1.0)
         assert h.sink.records[-1].card == {"kind": "degraded", "status": "COMPLETED", "content": "step 1"}
         assert card.stopped_reason is None
@@ -327,7 +329,7 @@ async def test_flush_delivers_every_pending_terminal_state_within_the_deadline()
     for card in cards:
         step(card, 1)
     for card in cards:
-        card.finish(TaskStatus.COMPLETED)
+        finish(card, TaskStatus.COMPLETED, h.clock)
     flushing = asyncio.create_task(h.scheduler.flush(5.0))
     await h.clock.advance(6.0)
     report = await flushing
@@ -344,8 +346,8 @@ async def test_flush_reports_what_it_could_not_deliver() -> None:
     ok, stuck, busy = h.card("om_ok"), h.card("om_stuck"), h.card("om_busy")
     h.sink.always["om_stuck"] = outcome(OutcomeKind.BACKOFF)
     h.sink.always["om_busy"] = outcome(OutcomeKind.PAUSE_APP, retry_after=30.0)
-    ok.finish(TaskStatus.COMPLETED)
-    stuck.finish(TaskStatus.FAILED)
+    finish(ok, TaskStatus.COMPLETED, h.clock)
+    finish(stuck, TaskStatus.FAILED, h.clock)
     step(busy, 1)
     flushing = asyncio.create_task(h.scheduler.flush(2.0))
     await h.clock.advance(3.0)
@@ -374,7 +376,7 @@ async def test_a_patch_cut_short_by_stop_is_sent_again_after_a_restart() -> None
 
 
 def test_a_budget_slot_frees_one_window_after_the_request_ended_not_started() -> None:
-    from feishu_progress.progress.budget import SlidingWindow
+    from feishu_progress.progress.rate_budget import SlidingWindow
 
     window = SlidingWindow(limit=2, window=1.0)
     window.record(0.0)

@@ -8,14 +8,15 @@ from __future__ import annotations
 import random
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from feishu_progress.config import RateSettings
-from feishu_progress.domain import CardModel, SubagentSummary
+from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus
 from feishu_progress.metrics import Metrics
-from feishu_progress.ports import OutcomeKind, PatchOutcome
-from feishu_progress.progress import BackoffPolicy, CardContext, Deliverable, DeliveryScheduler, LiveCard
+from feishu_progress.ports import Clock, OutcomeKind, PatchOutcome
+from feishu_progress.progress.live_card import CardContext, LiveCard
+from feishu_progress.progress.scheduler import BackoffPolicy, Deliverable, DeliveryScheduler
 from tests.fakes import FakeClock
 
 
@@ -150,11 +151,15 @@ class Harness:
             metrics=self.metrics,
             backoff=backoff,
             rng=random.Random(7),
-            on_stopped=self._on_stopped,
+            listener=self,
         )
+        self.finals: list[str] = []
 
-    def _on_stopped(self, card: Deliverable, reason: str) -> None:
+    def card_stopped(self, card: Deliverable, reason: str) -> None:
         self.stopped.append((card.message_id, reason))
+
+    def final_delivered(self, card: Deliverable) -> None:
+        self.finals.append(card.message_id)
 
     def card(self, message_id: str = "om_1", subagents: FakeSubagents | None = None) -> LiveCard:
         self._next_session += 1
@@ -173,3 +178,18 @@ class Harness:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.scheduler.stop()
+
+
+def push(card: LiveCard, *, urgent: bool = False, **changes: Any) -> None:
+    """Record a change the way the task service does: a whole new CardState through ``record``."""
+    card.record(replace(card.state, **changes), urgent=urgent)
+
+
+def step(card: LiveCard, n: int) -> None:
+    push(card, status=TaskStatus.RUNNING, round=n, content=f"step {n}")
+
+
+def finish(card: LiveCard, status: TaskStatus, clock: Clock, **changes: Any) -> None:
+    """The task's end as the task service records it (questions closed, elapsed time frozen)."""
+    ended = {"pending_asks": (), "pending_approvals": (), "notice": None, "finished_at": clock.wall()}
+    push(card, urgent=True, status=status, **(ended | changes))

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from tests.fakes import FakeClock
@@ -37,7 +38,7 @@ CARDS = 1000
 async def test_a_thousand_cards_cost_at_most_two_queries_a_second() -> None:
     clock = FakeClock()
     source = CountingSource(clock)
-    batcher = BatchedSubagentSource(source, clock)
+    batcher = BatchedSubagentSource(source, clock, BackgroundTasks())
 
     async def card(parent: int) -> None:
         for _ in range(5):  # each card reloads once a second (its 1 s cache) for 5 s
@@ -56,7 +57,7 @@ async def test_a_thousand_cards_cost_at_most_two_queries_a_second() -> None:
 async def test_the_first_load_after_a_quiet_spell_runs_at_once() -> None:
     clock = FakeClock()
     source = CountingSource(clock, delay=0.0)
-    batcher = BatchedSubagentSource(source, clock)
+    batcher = BatchedSubagentSource(source, clock, BackgroundTasks())
     first = asyncio.create_task(batcher.list_running(1))
     await clock.settle()
     assert first.done()
@@ -69,7 +70,7 @@ async def test_the_first_load_after_a_quiet_spell_runs_at_once() -> None:
 async def test_a_failing_query_fails_every_waiter_of_that_batch_only() -> None:
     clock = FakeClock()
     source = CountingSource(clock)
-    batcher = BatchedSubagentSource(source, clock)
+    batcher = BatchedSubagentSource(source, clock, BackgroundTasks())
     source.fail = True
     waiters = [asyncio.create_task(batcher.list_running(p)) for p in (1, 2)]
     await clock.advance(0.1)

@@ -7,15 +7,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from feishu_progress.db.engine import Database
+from feishu_progress.db.migrate import upgrade
 from feishu_progress.db.models import SubagentExecution
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.ports import SubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 
-T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC).replace(tzinfo=None)
+T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC)
 
 
 async def spawn(
@@ -105,20 +107,25 @@ async def test_list_running_many_matches_list_running(db: Database) -> None:
     assert many[1][0].round == 7
 
 
-async def test_failing_query_degrades_to_empty_and_warns(
+async def test_a_failing_query_raises_and_warns_once_per_outage(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # An unmigrated database: the query fails with "no such table".
+    # An unmigrated database: the query fails with "no such table". Degrading is the live card's job.
     broken = Database.open(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
     manager = SubagentManager(broken)
     manager.track(1, 42)
     try:
-        with caplog.at_level(logging.WARNING, logger="feishu_progress.subagents.manager"):
+        with caplog.at_level(logging.INFO, logger="feishu_progress.subagents.manager"):
+            with pytest.raises(OperationalError):
+                await manager.list_running(42)
+            with pytest.raises(OperationalError):
+                await manager.list_running_many([42, 43])
+            await upgrade(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
             assert await manager.list_running(42) == []
-            assert await manager.list_running_many([42, 43]) == {42: [], 43: []}
     finally:
         await broken.close()
-    messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert len(messages) == 2
-    assert "parent 42" in messages[0]
-    assert "42, 43" in messages[1]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["Failed to list running subagents: OperationalError"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "listing running subagents works again"
+    ]

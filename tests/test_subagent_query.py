@@ -12,7 +12,7 @@ from feishu_progress.subagents.query import (
     list_running_by_parents,
 )
 
-T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC).replace(tzinfo=None)
+T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC)
 
 
 async def add_execution(

@@ -67,7 +67,8 @@ def build_progress_card(model: CardModel) -> dict[str, Any]:
     card, slot = fitting
     if content:
         available = TARGET_BYTES - json_bytes(card) - CONTENT_OVERHEAD_BYTES
-        card["body"]["elements"][slot:slot] = _content_elements(content, len(model.content), available, langs)
+        whole = max(model.content_chars, len(model.content))
+        card["body"]["elements"][slot:slot] = _content_elements(content, whole, available, langs)
     elif _is_first_card(model):
         card["body"]["elements"].insert(slot, langs.md_msg(msg("card.accepted")))
     return card
@@ -107,7 +108,7 @@ def _assemble(model: CardModel, langs: Langs, limits: Limits) -> tuple[dict[str,
     after = [
         *error_section(model, limits, langs),
         *subagent_section(model, langs),
-        *tools_section(model.tools, limits, langs, model.image_keys),
+        *tools_section(model.tools, limits, langs, model.image_keys, earlier=model.earlier_tools),
         *interactive_sections(model, limits, langs),
         action_buttons(model, langs),
     ]

@@ -174,13 +174,18 @@ def describe(call: ToolCall) -> ToolLine:
 
 
 def tools_section(
-    tools: tuple[ToolCall, ...], limits: Limits, langs: Langs, image_keys: Mapping[str, str]
+    tools: tuple[ToolCall, ...],
+    limits: Limits,
+    langs: Langs,
+    image_keys: Mapping[str, str],
+    *,
+    earlier: int = 0,
 ) -> list[dict[str, Any]]:
     """**本轮工具**: one line per call (newest kept), a collapsed panel when a call has a view."""
     if not tools:
         return []
     shown = tools[-limits.tools :] if limits.tools else ()
-    earlier = len(tools) - len(shown)
+    earlier += len(tools) - len(shown)  # ``earlier``: calls the task no longer even keeps
     head: list[Text] = [msg("card.tools.heading")]
     if earlier:
         head.append(msg("card.tools.earlier", count=earlier))

@@ -1,14 +1,15 @@
 """SQLAlchemy 2.0 models: one schema for MariaDB/MySQL (aiomysql) and SQLite (aiosqlite).
 
-Every datetime is a timezone-naive value in UTC: callers pass ``now`` as naive UTC and read naive
-UTC back. MySQL columns are ``DATETIME(6)`` so a value written comes back unchanged on both backends.
+Every datetime column is a ``UtcDateTime``: aware UTC datetimes in Python, naive UTC in the database
+(``DATETIME(6)`` on MySQL), converted there and nowhere else.
 The alembic revisions in ``feishu_progress/migrations`` create this schema; these classes are how the
 code reads and writes it (a test checks that the two agree).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -25,11 +26,12 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 # Binary collation: dedupe keys and task refs that differ only in case must stay distinct.
 MYSQL_TABLE_OPTIONS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
@@ -44,8 +46,34 @@ NAMING_CONVENTION = {
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY, so the BIGINT ids become INTEGER there.
 BigId: TypeEngine[int] = BigInteger().with_variant(Integer, "sqlite")
-# Microsecond precision on MySQL (plain DATETIME would round away the fraction).
-UtcDateTime: TypeEngine[datetime] = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+# TEXT holds 64 KiB on MySQL: a streamed answer, an answers payload or a task description can be more.
+LongText: TypeEngine[str] = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime in Python, a naive UTC one in the database: the ONE place time zones are handled.
+
+    Code passes aware datetimes (any zone; a naive one is a bug and is refused) and reads aware UTC ones.
+    MySQL gets DATETIME(6): plain DATETIME would round away the fraction.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise TypeError("a naive datetime reached the database: pass an aware one (UTC)")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
 
 
 class utc_now(FunctionElement[datetime]):
@@ -82,8 +110,8 @@ class Base(DeclarativeBase):
 class TimestampMixin:
     """created_at / updated_at kept by the database clock (UTC)."""
 
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now())
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now(), onupdate=utc_now())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now(), onupdate=utc_now())
 
 
 class SessionRow(TimestampMixin, Base):
@@ -114,19 +142,22 @@ class SubagentExecution(Base):
     task_ref: Mapped[str] = mapped_column(String(64))
     child_session_id: Mapped[int | None] = mapped_column(BigInteger)
     agent_type: Mapped[str | None] = mapped_column(String(64))
-    task_description: Mapped[str | None] = mapped_column(Text)
+    task_description: Mapped[str | None] = mapped_column(LongText)
     status: Mapped[str] = mapped_column(String(16), server_default=text("'RUNNING'"))
     invocation_type: Mapped[str] = mapped_column(String(16), server_default=text("'BACKGROUND'"))
     total_rounds: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    started_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now())
-    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class TaskCard(TimestampMixin, Base):
     """The one live card of a task, and enough of its state to re-attach after a restart."""
 
     __tablename__ = "task_card"
-    __table_args__ = MYSQL_TABLE_OPTIONS
+    __table_args__ = (
+        Index("uq_task_card_idempotency_key", "idempotency_key", unique=True),
+        MYSQL_TABLE_OPTIONS,
+    )
 
     session_id: Mapped[int] = mapped_column(BigId, ForeignKey("session.id"), primary_key=True)
     receive_id: Mapped[str] = mapped_column(String(255))
@@ -137,13 +168,15 @@ class TaskCard(TimestampMixin, Base):
     locale: Mapped[str | None] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(16), server_default=text("'RUNNING'"))
     round: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    # JSON of the last card state, owned by progress/; NULL until the first save.
-    snapshot: Mapped[str | None] = mapped_column(Text)
+    # JSON of the last card state (runtime/state.py, at most ~1 MiB); NULL until the first save.
+    snapshot: Mapped[str | None] = mapped_column(LongText)
     disliked: Mapped[bool] = mapped_column(Boolean, server_default=false())
     stop_reason: Mapped[str | None] = mapped_column(String(255))
-    started_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now())
-    last_event_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now())
-    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
+    last_event_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # The runtime's Idempotency-Key of POST /v1/tasks: a repeat answers the same task.
+    idempotency_key: Mapped[str | None] = mapped_column(String(191))
 
 
 class TaskAction(Base):
@@ -156,10 +189,10 @@ class TaskAction(Base):
     session_id: Mapped[int] = mapped_column(BigInteger, index=True)
     kind: Mapped[str] = mapped_column(String(16))
     operator_open_id: Mapped[str] = mapped_column(String(64))
-    payload: Mapped[str] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(LongText)
     # 191 characters: the longest utf8mb4 key that fits InnoDB's 767-byte index prefix on old servers.
     dedupe_key: Mapped[str | None] = mapped_column(String(191), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, server_default=utc_now())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
 
 
 class CallbackSeen(Base):
@@ -169,4 +202,4 @@ class CallbackSeen(Base):
     __table_args__ = MYSQL_TABLE_OPTIONS
 
     key: Mapped[str] = mapped_column(String(191), primary_key=True)
-    expires_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)

@@ -1,7 +1,7 @@
 """Small repositories over the Database: each method is its own short transaction.
 
-They return frozen records, never ORM objects, so nothing lazy-loads outside a session. All
-datetimes are naive UTC (see ``models``).
+They return frozen records, never ORM objects, so nothing lazy-loads outside a session. Datetimes
+are aware UTC both ways (``models.UtcDateTime`` converts at the column).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from feishu_progress.db.engine import Database
 from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution, TaskAction, TaskCard
-from feishu_progress.db.times import to_naive_utc
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
-from feishu_progress.errors import UnknownTask
+from feishu_progress.errors import TaskConflict, UnknownTask
 
 # VARCHAR(191) keys: longer ones are replaced by a digest, which keeps them unique and indexable.
 MAX_KEY_LENGTH = 191
@@ -65,6 +65,34 @@ class TaskRecord:
     started_at: datetime
     last_event_at: datetime
     finished_at: datetime | None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """What ``TaskRepository.create_task`` stores for a new task."""
+
+    receive_id: str
+    receive_id_type: str
+    requester_open_id: str
+    now: datetime
+    title: str | None = None
+    reply_to_message_id: str | None = None
+    locale: str | None = None
+    session_id: int | None = None  # the runtime's own id; generated when None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewAction:
+    """One user action to append to the log; ``dedupe_key`` makes a repeat a no-op."""
+
+    session_id: int
+    kind: str
+    operator_open_id: str
+    payload: Mapping[str, Any]
+    dedupe_key: str
+    now: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +126,24 @@ def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
         started_at=card.started_at,
         last_event_at=card.last_event_at,
         finished_at=card.finished_at,
+        idempotency_key=card.idempotency_key,
+    )
+
+
+def _task_card(session_id: int, task: NewTask) -> TaskCard:
+    return TaskCard(
+        session_id=session_id,
+        receive_id=task.receive_id,
+        receive_id_type=task.receive_id_type,
+        reply_to_message_id=task.reply_to_message_id,
+        requester_open_id=task.requester_open_id,
+        locale=task.locale,
+        status=TaskStatus.RUNNING.value,
+        round=0,
+        disliked=False,
+        started_at=task.now,
+        last_event_at=task.now,
+        idempotency_key=None if task.idempotency_key is None else storable_key(task.idempotency_key),
     )
 
 
@@ -131,6 +177,8 @@ class StateRow:
     snapshot: str
     last_event_at: datetime
     finished_at: datetime | None = None
+    disliked: bool = False
+    stop_reason: str | None = None
 
 
 class TaskRepository:
@@ -139,37 +187,30 @@ class TaskRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def create_task(  # noqa: PLR0917 - positional order is the documented contract
-        self,
-        title: str | None,
-        receive_id: str,
-        receive_id_type: str,
-        requester_open_id: str,
-        reply_to_message_id: str | None,
-        locale: str | None,
-        now: datetime,
-    ) -> int:
-        """Create the session and its RUNNING card row; returns the new session id."""
+    async def create_task(self, task: NewTask) -> int:
+        """Create the session and its RUNNING card row; returns the session id.
+
+        Raises ``TaskConflict`` when the runtime's session id or idempotency key is already taken.
+        """
+        try:
+            async with self._db.session() as session:
+                row = SessionRow(id=task.session_id, title=_fit(task.title, MAX_TITLE_LENGTH))
+                session.add(row)
+                await session.flush()
+                session.add(_task_card(row.id, task))
+                return row.id
+        except IntegrityError:
+            raise TaskConflict("that session id or idempotency key is already taken") from None
+
+    async def find_by_idempotency_key(self, key: str) -> TaskRecord | None:
+        """The task a runtime created with this Idempotency-Key, if any."""
+        return await self._one(TaskCard.idempotency_key == storable_key(key))
+
+    async def delete_task(self, session_id: int) -> None:
+        """Remove a task whose first card could not be sent (nothing half-made stays behind)."""
         async with self._db.session() as session:
-            row = SessionRow(title=_fit(title, MAX_TITLE_LENGTH))
-            session.add(row)
-            await session.flush()
-            session.add(
-                TaskCard(
-                    session_id=row.id,
-                    receive_id=receive_id,
-                    receive_id_type=receive_id_type,
-                    reply_to_message_id=reply_to_message_id,
-                    requester_open_id=requester_open_id,
-                    locale=locale,
-                    status=TaskStatus.RUNNING.value,
-                    round=0,
-                    disliked=False,
-                    started_at=to_naive_utc(now),
-                    last_event_at=to_naive_utc(now),
-                )
-            )
-            return row.id
+            await session.execute(delete(TaskCard).where(TaskCard.session_id == session_id))
+            await session.execute(delete(SessionRow).where(SessionRow.id == session_id))
 
     async def _update_card(self, session_id: int, values: Mapping[str, Any]) -> None:
         async with self._db.session() as session:
@@ -184,27 +225,8 @@ class TaskRepository:
         """Remember the Feishu message the card lives in."""
         await self._update_card(session_id, {"message_id": message_id})
 
-    async def save_state(  # noqa: PLR0917 - positional order is the documented contract
-        self,
-        session_id: int,
-        status: TaskStatus | str,
-        round: int,
-        snapshot: str,
-        last_event_at: datetime,
-        finished_at: datetime | None = None,
-    ) -> None:
-        """Persist the card's latest state (called on a throttle and on every terminal state)."""
-        values = {
-            "status": TaskStatus(status).value,
-            "round": round,
-            "snapshot": snapshot,
-            "last_event_at": to_naive_utc(last_event_at),
-            "finished_at": None if finished_at is None else to_naive_utc(finished_at),
-        }
-        await self._update_card(session_id, values)
-
     async def save_states(self, rows: Sequence[StateRow]) -> None:
-        """Persist many cards' latest states in one statement (the periodic save of streamed state)."""
+        """Persist cards' latest states in one statement (a status change, or the periodic save)."""
         if not rows:
             return
         params = [
@@ -213,30 +235,27 @@ class TaskRepository:
                 "status": TaskStatus(row.status).value,
                 "round": row.round,
                 "snapshot": row.snapshot,
-                "last_event_at": to_naive_utc(row.last_event_at),
-                "finished_at": None if row.finished_at is None else to_naive_utc(row.finished_at),
+                "last_event_at": row.last_event_at,
+                "finished_at": row.finished_at,
+                "disliked": row.disliked,
+                "stop_reason": row.stop_reason,
             }
             for row in rows
         ]
         async with self._db.session() as session:
             await session.execute(update(TaskCard), params)  # ORM bulk UPDATE by primary key
 
-    async def set_disliked(self, session_id: int, disliked: bool) -> None:
-        """Record the 点踩 toggle."""
-        await self._update_card(session_id, {"disliked": disliked})
-
-    async def set_stop_reason(self, session_id: int, reason: str | None) -> None:
-        """Record why PATCHing stopped (expired, recalled...); None clears it."""
-        await self._update_card(session_id, {"stop_reason": _fit(reason, MAX_TITLE_LENGTH)})
-
     async def get(self, session_id: int) -> TaskRecord | None:
         """The task, or None when there is no such session."""
+        return await self._one(TaskCard.session_id == session_id)
+
+    async def _one(self, condition: Any) -> TaskRecord | None:
         async with self._db.session() as session:
             row = (
                 await session.execute(
                     select(TaskCard, SessionRow.title)
                     .join(SessionRow, SessionRow.id == TaskCard.session_id)
-                    .where(TaskCard.session_id == session_id)
+                    .where(condition)
                 )
             ).one_or_none()
         return None if row is None else _task_record(row[0], row[1])
@@ -300,7 +319,7 @@ class SubagentRepository:
                         status=SubagentStatus.RUNNING.value,
                         invocation_type=invocation,
                         total_rounds=0,
-                        started_at=to_naive_utc(now),
+                        started_at=now,
                     )
                 )
                 return _inserted_id(execution)
@@ -330,7 +349,7 @@ class SubagentRepository:
         values = {
             "status": SubagentStatus(status).value,
             "total_rounds": total_rounds,
-            "finished_at": to_naive_utc(now),
+            "finished_at": now,
         }
         await self._update(execution_id, values)
 
@@ -352,45 +371,26 @@ class ActionRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def append(  # noqa: PLR0917 - positional order is the documented contract
-        self,
-        session_id: int,
-        kind: str,
-        operator_open_id: str,
-        payload: Mapping[str, Any],
-        dedupe_key: str | None,
-        now: datetime,
-    ) -> tuple[ActionRecord, bool]:
-        """Append an action; with a ``dedupe_key`` seen before, return the existing one and False."""
-        key = None if dedupe_key is None else storable_key(dedupe_key)
-        if key is not None:
-            existing = await self._by_key(key)
-            if existing is not None:
-                return existing, False
-        row = TaskAction(
-            session_id=session_id,
-            kind=kind,
-            operator_open_id=operator_open_id,
-            payload=json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":")),
-            dedupe_key=key,
-            created_at=to_naive_utc(now),
-        )
-        try:
-            async with self._db.session() as session:
-                session.add(row)
-                await session.flush()
-                return _action_record(row), True
-        except IntegrityError:
-            # A concurrent append with the same key committed first.
-            winner = None if key is None else await self._by_key(key)
-            if winner is None:
-                raise
-            return winner, False
+    async def append_many(self, actions: Sequence[NewAction]) -> list[tuple[ActionRecord, bool]]:
+        """Append actions in ONE transaction (group commit); per action: its record and whether it is new.
 
-    async def _by_key(self, key: str) -> ActionRecord | None:
+        An action whose dedupe key is already in the log is not added again: its existing record comes
+        back with False. Callers retry the whole batch on an IntegrityError (a racing writer elsewhere).
+        """
+        keys = [storable_key(action.dedupe_key) for action in actions]
         async with self._db.session() as session:
-            row = await session.scalar(select(TaskAction).where(TaskAction.dedupe_key == key))
-            return None if row is None else _action_record(row)
+            existing = await self._by_keys(session, keys)
+            fresh = {key: action for key, action in zip(keys, actions, strict=True) if key not in existing}
+            session.add_all(_action_row(action, key) for key, action in fresh.items())
+            await session.flush()
+            stored = await self._by_keys(session, list(fresh)) if fresh else {}
+        return [(stored[key], True) if key in fresh else (existing[key], False) for key in keys]
+
+    async def _by_keys(self, session: AsyncSession, keys: list[str]) -> dict[str, ActionRecord]:
+        if not keys:
+            return {}
+        rows = await session.scalars(select(TaskAction).where(TaskAction.dedupe_key.in_(set(keys))))
+        return {row.dedupe_key: _action_record(row) for row in rows if row.dedupe_key is not None}
 
     async def list_after(self, session_id: int, after_id: int, limit: int = 100) -> list[ActionRecord]:
         """Actions of the session with ``id > after_id``, oldest first, at most ``limit``."""
@@ -404,6 +404,17 @@ class ActionRepository:
             return [_action_record(row) for row in rows]
 
 
+def _action_row(action: NewAction, key: str) -> TaskAction:
+    return TaskAction(
+        session_id=action.session_id,
+        kind=action.kind,
+        operator_open_id=action.operator_open_id,
+        payload=json.dumps(dict(action.payload), ensure_ascii=False, separators=(",", ":")),
+        dedupe_key=key,
+        created_at=action.now,
+    )
+
+
 class CallbackDedupeRepository:
     """Callback keys seen within a TTL, shared by every process on the database."""
 
@@ -413,7 +424,6 @@ class CallbackDedupeRepository:
     async def first_seen(self, key: str, ttl_seconds: int, now: datetime) -> bool:
         """True only the first time ``key`` is seen within ``ttl_seconds``; an expired key counts as new."""
         stored = storable_key(key)
-        now = to_naive_utc(now)
         expires_at = now + timedelta(seconds=ttl_seconds)
         if await self._reclaim_expired(stored, now, expires_at):
             return True
@@ -439,7 +449,7 @@ class CallbackDedupeRepository:
         async with self._db.session() as session:
             rows = await session.execute(
                 select(CallbackSeen.key, CallbackSeen.expires_at)
-                .where(CallbackSeen.expires_at > to_naive_utc(now))
+                .where(CallbackSeen.expires_at > now)
                 .order_by(CallbackSeen.expires_at)
             )
             return [(key, expires_at) for key, expires_at in rows]
@@ -447,6 +457,6 @@ class CallbackDedupeRepository:
     async def purge_expired(self, now: datetime) -> int:
         """Delete keys whose TTL has passed; returns how many went."""
         async with self._db.session() as session:
-            statement = delete(CallbackSeen).where(CallbackSeen.expires_at <= to_naive_utc(now))
+            statement = delete(CallbackSeen).where(CallbackSeen.expires_at <= now)
             result = await session.execute(statement)
             return int(result.rowcount)  # type: ignore[attr-defined]

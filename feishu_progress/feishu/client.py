@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
@@ -19,6 +20,7 @@ import aiohttp
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuProgressError, FeishuTransportError
 from feishu_progress.feishu.errors import TOKEN_CODES
+from feishu_progress.feishu.retry import RetryPolicy, with_retries
 from feishu_progress.ports import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -86,13 +88,18 @@ class FeishuClient:
         clock: Clock | None = None,
         renew_margin: float = DEFAULT_RENEW_MARGIN_SECONDS,
         pool_limit: int = DEFAULT_POOL_LIMIT,
+        retry: RetryPolicy | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._settings = settings
         self._base_url = settings.base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
         self._pool_limit = pool_limit
         self._session: aiohttp.ClientSession | None = None
-        self.tokens = TokenCache(self._fetch_token, clock or SystemClock(), renew_margin)
+        self._clock = clock or SystemClock()
+        self._retry = retry or RetryPolicy()
+        self._rng = rng or random.Random()
+        self.tokens = TokenCache(self._fetch_token, self._clock, renew_margin)
 
     @classmethod
     async def open(cls, settings: FeishuSettings, **kwargs: Any) -> FeishuClient:
@@ -126,14 +133,18 @@ class FeishuClient:
     async def send_card(
         self, receive_id: str, receive_id_type: str, card: Mapping[str, Any], uuid: str
     ) -> str:
-        """Send an interactive card; returns its message_id. ``uuid`` dedupes retries for 1 h."""
+        """Send an interactive card; returns its message_id. Retried with the same ``uuid`` (Feishu dedupes
+        it for 1 h), so a retry after a lost answer returns the first message, never a second one."""
         body = {
             "receive_id": receive_id,
             "msg_type": "interactive",
             "content": _card_text(card),
             "uuid": uuid,
         }
-        data = await self._call("POST", MESSAGES_PATH, params={"receive_id_type": receive_id_type}, body=body)
+        params = {"receive_id_type": receive_id_type}
+        data = await self._retrying(
+            "send", lambda: self._call("POST", MESSAGES_PATH, params=params, body=body)
+        )
         return _field(data, "message_id")
 
     async def reply_card(
@@ -146,7 +157,8 @@ class FeishuClient:
             "uuid": uuid,
             "reply_in_thread": in_thread,
         }
-        data = await self._call("POST", f"{MESSAGES_PATH}/{_segment(message_id)}/reply", body=body)
+        path = f"{MESSAGES_PATH}/{_segment(message_id)}/reply"
+        data = await self._retrying("reply", lambda: self._call("POST", path, body=body))
         return _field(data, "message_id")
 
     async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
@@ -164,7 +176,7 @@ class FeishuClient:
             payload.add_field("image", data, filename="image", content_type="application/octet-stream")
             return payload
 
-        result = await self._call("POST", IMAGES_PATH, form=form)
+        result = await self._retrying("image upload", lambda: self._call("POST", IMAGES_PATH, form=form))
         return _field(result, "image_key")
 
     async def token_ok(self) -> bool:
@@ -177,6 +189,9 @@ class FeishuClient:
         return True
 
     # --- plumbing -------------------------------------------------------------------------------
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[Json]]) -> Json:
+        return await with_retries(call, what=what, clock=self._clock, policy=self._retry, rng=self._rng)
 
     async def _call(
         self,
@@ -271,10 +286,7 @@ def _unwrap(response: aiohttp.ClientResponse, raw: bytes) -> Json:
         log_id=str(log_id),
         retry_after=_retry_after(response.headers.get("x-ogw-ratelimit-reset")),
     )
-    log.warning(
-        "Feishu API error", extra={"code": exc.code, "http_status": exc.http_status, "log_id": exc.log_id}
-    )
-    raise exc
+    raise exc  # logged once, by whoever decides what the failure means (sink, retry, creation)
 
 
 def _field(data: Json, key: str) -> str:

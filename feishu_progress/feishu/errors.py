@@ -70,3 +70,22 @@ def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOu
         # The client already refreshed and retried once: the token service is flaky, not the card.
         return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason="token rejected after refresh")
     return PatchOutcome(OutcomeKind.STOP, code=code, reason=f"Feishu {code}: {exc.msg}"[:300])
+
+
+def retry_delay(exc: BaseException) -> float | None:
+    """For a call that is not a card delivery (send, reply, image upload): seconds to wait before trying
+    the same request again, or None when trying again cannot help (a refused card, a bad id...).
+
+    0.0 means "use the caller's backoff"; a rate limit says how long itself.
+    """
+    if isinstance(exc, FeishuTransportError):
+        return 0.0
+    if not isinstance(exc, FeishuAPIError):
+        return None
+    if exc.code == GATEWAY_RATE_LIMITED or exc.http_status == HTTP_TOO_MANY_REQUESTS:
+        return exc.retry_after if exc.retry_after and exc.retry_after > 0 else DEFAULT_GATEWAY_RESET_SECONDS
+    if exc.code == MESSAGE_RATE_LIMITED:  # five a second into one chat
+        return DEFAULT_MESSAGE_RETRY_SECONDS
+    if exc.http_status >= HTTP_SERVER_ERROR:
+        return 0.0
+    return None

@@ -1,37 +1,41 @@
 """The live card: one per task. Records the newest state; builds only when the scheduler is about to send.
 
-Seed 002 §4.3 generalised: ``update`` and the finer setters only record and wake the scheduler;
-``render_current`` builds synchronously from the last state and the cached subagent list (card callbacks
-must answer without I/O); ``refresh`` forces a subagent reload and asks for an urgent delivery. Subagents
-are loaded only while RUNNING, cached for one second, one load at a time; a failing load keeps the last
-list; leaving RUNNING clears it.
+Seed 002 §4.3 generalised. The task service calls two things: ``record(state)`` when the task's state
+changed and ``subagents_changed()`` when a subagent started, moved or ended. Neither builds or sends:
+they bump the card's version and wake the scheduler. ``render_current`` builds synchronously from the
+last state and the cached subagent list (card callbacks answer without I/O); ``build_for_delivery`` is
+what the scheduler calls right before a send: it loads the running subagents (only while RUNNING,
+cached one second, one load at a time) and builds.
+
+A failing subagent load degrades here and only here: the first load shows no subagents, a later one
+keeps the last list; the failure is cached like a success, so a broken database is asked once a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from feishu_progress.domain import (
-    CardModel,
-    Notice,
-    PendingApproval,
-    PendingAsk,
-    SubagentSummary,
-    TaskStatus,
-    ToolCall,
-)
-from feishu_progress.metrics import Metrics
+from feishu_progress.domain import CardModel, CardState, SubagentSummary, TaskStatus
 from feishu_progress.ports import Clock, SubagentSource
-from feishu_progress.progress.scheduler import Delivery, DeliveryScheduler
+
+if TYPE_CHECKING:
+    from feishu_progress.metrics import Metrics
+    from feishu_progress.progress.scheduler import Delivery
 
 log = logging.getLogger(__name__)
 
 BuildCard = Callable[[CardModel], dict[str, Any]]
 SUBAGENT_CACHE_SECONDS = 1.0
+
+
+class Notifier(Protocol):
+    """What the card wakes when it changes (the delivery scheduler)."""
+
+    def notify(self, card: Any, *, urgent: bool = False) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,25 +46,35 @@ class CardContext:
     message_id: str
     title: str = ""
     locales: tuple[str, ...] = ("zh_cn", "en_us")
-    session_detail_url: str | None = None  # already formatted for this session
+    session_detail_url: str | None = None
     started_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class CardState:
-    """The newest recorded state of a card: what the task service persists and restores."""
-
-    status: TaskStatus = TaskStatus.RUNNING
-    round: int = 0
-    content: str = ""
-    tools: tuple[ToolCall, ...] = ()
-    pending_asks: tuple[PendingAsk, ...] = ()
-    pending_approvals: tuple[PendingApproval, ...] = ()
-    disliked: bool = False
-    notice: Notice | None = None
-    error: str = ""
-    image_keys: Mapping[str, str] = field(default_factory=dict)
-    finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
+def card_model(
+    context: CardContext, state: CardState, subagents: tuple[SubagentSummary, ...], now: float
+) -> CardModel:
+    """THE place a CardModel is made: the task's fixed context, its newest state, the running subagents."""
+    end = state.finished_at if state.finished_at is not None else now
+    return CardModel(
+        session_id=context.session_id,
+        status=state.status,
+        round=state.round,
+        content=state.content,
+        content_chars=state.content_chars,
+        title=context.title,
+        tools=state.tools,
+        earlier_tools=state.earlier_tools,
+        subagents=subagents if state.status is TaskStatus.RUNNING else (),
+        elapsed_ms=max(0, int((end - context.started_at) * 1000)),
+        pending_asks=state.pending_asks,
+        pending_approvals=state.pending_approvals,
+        disliked=state.disliked,
+        notice=state.notice,
+        error=state.error,
+        locales=context.locales,
+        session_detail_url=context.session_detail_url,
+        image_keys=state.image_keys,
+    )
 
 
 class LiveCard:
@@ -74,21 +88,17 @@ class LiveCard:
         build_card: BuildCard,
         build_degraded_card: BuildCard,
         subagents: SubagentSource | None = None,
-        scheduler: DeliveryScheduler | None = None,
-        on_change: Callable[[LiveCard], None] | None = None,
+        scheduler: Notifier | None = None,
         state: CardState | None = None,
-        subagent_cache_seconds: float = SUBAGENT_CACHE_SECONDS,
         metrics: Metrics | None = None,
     ) -> None:
         self.context = context
-        self.on_change = on_change
         self.stopped_reason: str | None = None
         self._clock = clock
         self._build_card = build_card
         self._build_degraded_card = build_degraded_card
         self._source = subagents
         self._scheduler = scheduler
-        self._cache_seconds = subagent_cache_seconds
         self._state = state if state is not None else CardState()
         self._version = 0
         self._changed_at = clock.monotonic()
@@ -103,12 +113,10 @@ class LiveCard:
 
     @property
     def message_id(self) -> str:
-        """The Feishu message the card lives in."""
         return self.context.message_id
 
     @property
     def session_id(self) -> int:
-        """The task's session id."""
         return self.context.session_id
 
     @property
@@ -128,7 +136,6 @@ class LiveCard:
 
     @property
     def is_terminal(self) -> bool:
-        """True once the task has ended."""
         return self._state.status.is_terminal
 
     @property
@@ -141,68 +148,29 @@ class LiveCard:
         return self._build_card(self._model())
 
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery:
-        """Load subagents (cached, RUNNING only), then build the newest state for one PATCH."""
+        """Load subagents (cached, RUNNING only), then build the newest state for one send."""
+        from feishu_progress.progress.scheduler import Delivery
+
         # The version is taken before the load: anything recorded while the load runs (a subagent that
         # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
         version, changed_at = self._version, self._changed_at
         if self._state.status is TaskStatus.RUNNING:
-            await self._load_subagents(force=False)
-        model = self._model()
+            await self._load_subagents()
         builder = self._build_degraded_card if degraded else self._build_card
-        return Delivery(version=version, changed_at=changed_at, card=builder(model))
+        return Delivery(version=version, changed_at=changed_at, card=builder(self._model()))
 
     # -- write side: record and wake, never build or send -----------------------------------------
 
-    def update(self, status: TaskStatus, round: int, content: str, tools: Iterable[ToolCall]) -> None:
-        """Record the main agent's progress (seed 002 §4.3 shape)."""
-        self._record(replace(self._state, status=status, round=round, content=content, tools=tuple(tools)))
-
-    def set_pending_asks(self, asks: Iterable[PendingAsk]) -> None:
-        """Record the questions the agent waits on."""
-        self._record(replace(self._state, pending_asks=tuple(asks)))
-
-    def set_approvals(self, approvals: Iterable[PendingApproval]) -> None:
-        """Record the tool calls waiting for approval."""
-        self._record(replace(self._state, pending_approvals=tuple(approvals)))
-
-    def set_notice(self, notice: Notice | None) -> None:
-        """Show (or clear) the transient line after a click."""
-        self._record(replace(self._state, notice=notice))
-
-    def set_disliked(self, disliked: bool = True) -> None:
-        """Record the requester's dislike."""
-        self._record(replace(self._state, disliked=disliked))
-
-    def set_image_keys(self, image_keys: Mapping[str, str]) -> None:
-        """Record uploaded images (path or URL -> Feishu image_key)."""
-        self._record(replace(self._state, image_keys=dict(image_keys)))
-
-    def set_error(self, error: str) -> None:
-        """Record the error text shown on the card."""
-        self._record(replace(self._state, error=error))
-
-    def finish(self, status: TaskStatus, content: str | None = None, error: str | None = None) -> None:
-        """Record the task's end; the terminal state always goes out, ahead of ordinary updates."""
-        if not status.is_terminal:
-            raise ValueError(f"finish needs a terminal status, not {status}")
-        finished_at = self._state.finished_at if self._state.finished_at is not None else self._clock.wall()
-        self._record(
-            replace(
-                self._state,
-                status=status,
-                content=self._state.content if content is None else content,
-                error=self._state.error if error is None else error,
-                pending_asks=(),
-                pending_approvals=(),
-                finished_at=finished_at,
-            )
-        )
-
     def record(self, state: CardState, *, urgent: bool = False) -> None:
-        """Record a whole new state at once (the task service keeps the authoritative copy)."""
-        self._record(state)
-        if urgent and state.status.is_terminal:
-            self._touch(urgent=True)
+        """The task's newest state. Nothing the card shows changed: nothing happens."""
+        if state == self._state:
+            return
+        if state.status is not TaskStatus.RUNNING:
+            # Seed 002 §4.3/§5.5: the list is shown only while RUNNING; a later RUNNING reloads it.
+            self._subagents = ()
+            self._subagents_loaded_at = None
+        self._state = state
+        self._touch(urgent=urgent)
 
     def subagents_changed(self) -> None:
         """A subagent started, moved or ended: drop the 1 s cache so the next delivery reloads it."""
@@ -211,32 +179,11 @@ class LiveCard:
         if self._state.status is TaskStatus.RUNNING:
             self._touch(urgent=False)
 
-    async def refresh(self) -> None:
-        """Reload subagents now (user-triggered) and ask for an urgent delivery."""
-        if self._state.status is TaskStatus.RUNNING:
-            await self._load_subagents(force=True)
-        self._touch(urgent=True)
-
     def mark_stopped(self, reason: str) -> None:
-        """The scheduler will never PATCH this message again (expired, recalled, rejected)."""
+        """The scheduler will never send this card again (expired, recalled, rejected)."""
         self.stopped_reason = reason
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _record(self, new_state: CardState) -> None:
-        if new_state == self._state:
-            return  # nothing the card shows changed: no PATCH for it
-        if new_state.status is not TaskStatus.RUNNING:
-            # Seed 002 §4.3/§5.5: the list is shown only while RUNNING; a later RUNNING reloads it.
-            self._subagents = ()
-            self._subagents_loaded_at = None
-        self._state = new_state
-        if self.on_change is not None:
-            try:
-                self.on_change(self)
-            except Exception:
-                log.exception("on_change hook failed for session %s", self.session_id)
-        self._touch(urgent=False)
 
     def _touch(self, *, urgent: bool) -> None:
         self._version += 1
@@ -245,39 +192,20 @@ class LiveCard:
             self._scheduler.notify(self, urgent=urgent)
 
     def _model(self) -> CardModel:
-        state, ctx = self._state, self.context
-        end = state.finished_at if state.finished_at is not None else self._clock.wall()
-        return CardModel(
-            session_id=ctx.session_id,
-            status=state.status,
-            round=state.round,
-            content=state.content,
-            title=ctx.title,
-            tools=state.tools,
-            subagents=self._subagents if state.status is TaskStatus.RUNNING else (),
-            elapsed_ms=max(0, int((end - ctx.started_at) * 1000)),
-            pending_asks=state.pending_asks,
-            pending_approvals=state.pending_approvals,
-            disliked=state.disliked,
-            notice=state.notice,
-            error=state.error,
-            locales=ctx.locales,
-            session_detail_url=ctx.session_detail_url,
-            image_keys=state.image_keys,
-        )
+        return card_model(self.context, self._state, self._subagents, self._clock.wall())
 
     def _cache_fresh(self) -> bool:
         loaded_at = self._subagents_loaded_at
-        return loaded_at is not None and self._clock.monotonic() - loaded_at < self._cache_seconds
+        return loaded_at is not None and self._clock.monotonic() - loaded_at < SUBAGENT_CACHE_SECONDS
 
-    async def _load_subagents(self, *, force: bool) -> None:
+    async def _load_subagents(self) -> None:
         if self._source is None:
             return
         loads_before = self._loads_done
         async with self._load_lock:  # at most one load in flight per card
             if self._loads_done != loads_before and self._cache_fresh():
                 return  # a load finished while we waited: it is as fresh as ours would be
-            if not force and self._cache_fresh():
+            if self._cache_fresh():
                 self._count_cache("hit")
                 return
             self._count_cache("miss")
@@ -293,12 +221,8 @@ class LiveCard:
             loaded = await source.list_running(self.session_id)
         except Exception:
             # Seed 002 §5.1: subagents are a nice-to-have; keep the last list, never block the card.
-            log.warning(
-                "loading subagents of session %s failed; keeping the last list",
-                self.session_id,
-                exc_info=True,
-                extra={"session_id": self.session_id},
-            )
+            # The manager has logged the failure once; this layer only decides what the card shows.
+            log.debug("subagents of session %s unavailable; keeping the last list", self.session_id)
         else:
             if self._state.status is TaskStatus.RUNNING:  # the task may have ended during the load
                 self._subagents = tuple(loaded)

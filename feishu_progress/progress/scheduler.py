@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
-from feishu_progress.progress.budget import AppBudget
+from feishu_progress.progress.rate_budget import AppBudget
+from feishu_progress.waiting import event_or_timeout
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,14 @@ class Deliverable(Protocol):
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery: ...
 
     def mark_stopped(self, reason: str) -> None: ...
+
+
+class DeliveryListener(Protocol):
+    """Who hears when a card is done with: its final state reached Feishu, or it can never be sent again."""
+
+    def final_delivered(self, card: Deliverable) -> None: ...
+
+    def card_stopped(self, card: Deliverable, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +148,7 @@ class DeliveryScheduler:
         metrics: Metrics | None = None,
         backoff: BackoffPolicy | None = None,
         rng: random.Random | None = None,
-        on_stopped: Callable[[Deliverable, str], None] | None = None,
+        listener: DeliveryListener | None = None,
         default_pause_seconds: float = 1.0,
     ) -> None:
         rate = rate if rate is not None else RateSettings()
@@ -149,10 +159,10 @@ class DeliveryScheduler:
         self._metrics = metrics if metrics is not None else Metrics()
         self._backoff = backoff if backoff is not None else BackoffPolicy()
         self._rng = rng if rng is not None else random.Random()
-        self._on_stopped = on_stopped
+        self.listener = listener
         self._default_pause = default_pause_seconds
         self._slots: dict[str, _Slot] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._flights = BackgroundTasks()
         self._events = _Events()
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -175,11 +185,11 @@ class DeliveryScheduler:
 
     async def stop(self) -> None:
         """Stop dispatching and cancel PATCHes still in flight."""
-        tasks = [*self._tasks, *([self._dispatcher] if self._dispatcher is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._dispatcher = None
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+            self._dispatcher = None
+        await self._flights.cancel_all()
 
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""
@@ -198,10 +208,6 @@ class DeliveryScheduler:
         if (newly_pending or newly_urgent) and not slot.in_flight:
             self._events.wake.set()
 
-    def forget(self, message_id: str) -> None:
-        """Drop a message's bookkeeping (its task is gone); a PATCH in flight still completes."""
-        self._slots.pop(message_id, None)
-
     def pending_message_ids(self) -> list[str]:
         """Messages with a state not yet delivered (in flight or waiting)."""
         return [mid for mid, slot in self._slots.items() if slot.in_flight or slot.has_news]
@@ -215,7 +221,7 @@ class DeliveryScheduler:
             if remaining <= 0:
                 break
             self._events.progress.clear()
-            await self._wait(self._events.progress, remaining)
+            await event_or_timeout(self._events.progress, self._clock, remaining)
         report = self._flush_report()
         await self.stop()
         for message_id in report.undelivered_terminal:
@@ -241,21 +247,7 @@ class DeliveryScheduler:
                 log.exception("delivery dispatcher pass failed")
                 wake_at = now + self._interval
             timeout = None if wake_at is None else max(wake_at - now, _MIN_SLEEP)
-            await self._wait(self._events.wake, timeout)
-
-    async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
-        """Wait until ``event`` is set or ``timeout`` seconds of clock time pass."""
-        if timeout is None:
-            await event.wait()
-            return
-        waiter = asyncio.ensure_future(event.wait())
-        sleeper = asyncio.ensure_future(self._clock.sleep(timeout))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
-            await asyncio.gather(waiter, sleeper, return_exceptions=True)
+            await event_or_timeout(self._events.wake, self._clock, timeout)
 
     def _launch_ready(self, now: float) -> float | None:
         """Start the best ready cards the budget allows; return when to look again (None: on a wake)."""
@@ -296,9 +288,7 @@ class DeliveryScheduler:
         slot.next_start = now + self._interval
         slot.flight_urgent, slot.urgent = slot.urgent, False
         slot.flight_waiting_since, slot.waiting_since = slot.waiting_since, None
-        task = asyncio.create_task(self._deliver(slot), name=f"fp-patch-{slot.card.message_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._flights.spawn(self._deliver(slot), name=f"fp-patch-{slot.card.message_id}")
 
     # -- one PATCH --------------------------------------------------------------------------------
 
@@ -376,6 +366,14 @@ class DeliveryScheduler:
         self._metrics.delivery_staleness.observe(max(0.0, now - delivery.changed_at))
         if not slot.has_news:
             slot.waiting_since = None
+            if slot.card.is_terminal and self.listener is not None:
+                self._tell(self.listener.final_delivered, slot.card)
+
+    def _tell(self, hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("delivery listener failed")
 
     def _restore_flight(self, slot: _Slot) -> None:
         """The flight failed: its state is still undelivered, as old and as urgent as it was."""
@@ -434,11 +432,8 @@ class DeliveryScheduler:
         self._metrics.delivery_give_ups.labels(reason="stopped").inc()
         self._slots.pop(message_id, None)
         slot.card.mark_stopped(reason)
-        if self._on_stopped is not None:
-            try:
-                self._on_stopped(slot.card, reason)
-            except Exception:
-                log.exception("on_stopped callback failed for message %s", message_id)
+        if self.listener is not None:
+            self._tell(self.listener.card_stopped, slot.card, reason)
 
     def _flush_report(self) -> FlushReport:
         terminal: list[str] = []

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
-from feishu_progress.db.times import naive_utc_from_timestamp
+from feishu_progress.db.times import utc_datetime
 from feishu_progress.feishu.callback import MemoryDeduper
 from feishu_progress.ports import Clock
-from feishu_progress.runtime.background import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class PersistentDeduper:
 
     async def warm(self) -> int:
         """Load the keys still inside their TTL from the database; returns how many."""
-        now = naive_utc_from_timestamp(self.clock.wall())
+        now = utc_datetime(self.clock.wall())
         keys = await self.repo.live_keys(now)
         for key, expires_at in keys:
             self.memory.remember(key, (expires_at - now).total_seconds())
@@ -46,6 +46,6 @@ class PersistentDeduper:
 
     async def _store(self, key: str) -> None:
         try:
-            await self.repo.first_seen(key, self.ttl_seconds, naive_utc_from_timestamp(self.clock.wall()))
+            await self.repo.first_seen(key, self.ttl_seconds, utc_datetime(self.clock.wall()))
         except Exception as exc:  # the memory layer still holds it for this process's lifetime
             log.warning("callback dedupe key could not be stored (%s)", type(exc).__name__)

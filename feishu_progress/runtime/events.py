@@ -193,6 +193,8 @@ class EventBatch(BaseModel):
 class CreateTaskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # The agent's own session id (the parent id in its database); generated when absent.
+    session_id: int | None = Field(default=None, gt=0, lt=2**63)
     receive_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
     receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
     requester_open_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]

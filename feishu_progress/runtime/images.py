@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.domain import ToolCall
 from feishu_progress.ports import ImageUploader
-from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.tools.views import parse_image_gen
 
 log = logging.getLogger(__name__)

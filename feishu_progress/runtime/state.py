@@ -1,36 +1,53 @@
-"""A task's state as the runtime's events build it, and its JSON snapshot for restarts.
+"""A task's state as the runtime's events and the user's clicks build it, and its JSON snapshot.
 
-Pure: applying an event is a plain mutation with no I/O; the task service does the I/O around it.
+Pure: every change is a method here (an event applied, a click's effect, the task closed as lost); the
+runtime services do the I/O around them. Everything kept has a size chosen on purpose, because a
+runtime can send megabytes and a process holds thousands of tasks:
+
+- content: the first ``CONTENT_KEEP_CHARS`` characters (the card shows the head and marks the cut; it can
+  never show more than ~40 000 characters in 30 KB) plus the total length, for the marker;
+- tools: the newest ``MAX_TOOLS_KEPT`` calls of the round (the card shows at most 30) plus how many older
+  ones were dropped; each call's arguments and result capped to 16 KiB (runtime/bounds.py);
+- pending asks and approvals: at most ``MAX_PENDING`` each (a batch that would exceed it is refused);
+- ids of answered asks and resolved approvals: the newest ``MAX_REMEMBERED_IDS``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from feishu_progress.domain import (
     AskOption,
     AskQuestion,
-    CardModel,
+    CardState,
     Notice,
     PendingApproval,
     PendingAsk,
-    SubagentSummary,
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.progress.live_card import CardState
+from feishu_progress.errors import EventRejected, TaskConflict
 from feishu_progress.runtime import events as ev
+from feishu_progress.runtime.bounds import bound_json
 
-# Streamed content is kept whole up to this size; past it the head is dropped with a marker (the card
-# cuts much earlier, visibly, and points at 会话详情 for the full text).
-MAX_CONTENT_CHARS = 1_000_000
-MAX_TOOLS_PER_ROUND = 2000
-_DROPPED_MARKER = "…\n"
+CONTENT_KEEP_CHARS = 50_000
+MAX_TOOLS_KEPT = 50
+MAX_PENDING = 10
+MAX_REMEMBERED_IDS = 200
+SNAPSHOT_VERSION = 2
 
 # Notices that the runtime's next RUNNING status makes obsolete.
 _CLEARED_BY_RUNNING = frozenset({Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.DENIED})
+
+
+def _remember(ids: dict[str, None], new_id: str) -> None:
+    """An insertion-ordered set that forgets its oldest ids past MAX_REMEMBERED_IDS."""
+    ids[new_id] = None
+    while len(ids) > MAX_REMEMBERED_IDS:
+        del ids[next(iter(ids))]
 
 
 @dataclass
@@ -47,11 +64,13 @@ class TaskState:
     status: TaskStatus = TaskStatus.RUNNING
     round: int = 0
     content: str = ""
+    content_chars: int = 0  # length of the whole content, of which ``content`` is the head
     tools: dict[str, ToolCall] = field(default_factory=dict)
+    tools_dropped: int = 0  # older calls of this round no longer kept
     pending_asks: dict[str, PendingAsk] = field(default_factory=dict)
-    answered_asks: set[str] = field(default_factory=set)
+    answered_asks: dict[str, None] = field(default_factory=dict)
     approvals: dict[str, PendingApproval] = field(default_factory=dict)
-    resolved_approvals: set[str] = field(default_factory=set)
+    resolved_approvals: dict[str, None] = field(default_factory=dict)
     disliked: bool = False
     notice: Notice | None = None
     error: str = ""
@@ -60,10 +79,41 @@ class TaskState:
     retry_requested: bool = False
     image_keys: dict[str, str] = field(default_factory=dict)
     finished_at: float | None = None
+    stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
 
     # ----------------------------------------------------------------- events
+    def check_batch(self, events: Sequence[ev.Event]) -> None:
+        """Refuse a batch this task cannot take, before any of it is applied."""
+        if self.status.is_terminal and not self._revived_by(events[0]):
+            raise TaskConflict(f"task {self.session_id} has finished ({self.status.value})")
+        for index, event in enumerate(events[:-1]):
+            if isinstance(event, ev.FinishedEvent):
+                raise EventRejected(f"events[{index + 1}]", "no event may follow 'finished' in a batch")
+        self._check_room(events)
+
+    def _revived_by(self, first: ev.Event) -> bool:
+        # A failed or cancelled task whose requester clicked 重试 comes back with a status event.
+        reviving = self.status in (TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.LOST)
+        return self.retry_requested and reviving and isinstance(first, ev.StatusEvent)
+
+    def _check_room(self, events: Sequence[ev.Event]) -> None:
+        asks, approvals = set(self.pending_asks), set(self.approvals)
+        for index, event in enumerate(events):
+            if isinstance(event, ev.AskEvent):
+                asks.add(event.ask_id)
+                if len(asks) > MAX_PENDING:
+                    raise EventRejected(f"events[{index}].ask_id", f"more than {MAX_PENDING} pending asks")
+            elif isinstance(event, ev.ApprovalEvent):
+                approvals.add(event.approval_id)
+                if len(approvals) > MAX_PENDING:
+                    raise EventRejected(
+                        f"events[{index}].approval_id", f"more than {MAX_PENDING} pending approvals"
+                    )
+            elif isinstance(event, ev.StatusEvent | ev.FinishedEvent) and event.status != "WAITING":
+                asks, approvals = set(), set()
+
     def apply(self, event: ev.Event) -> None:
-        """Apply one runtime event (subagent events only touch the database: see TaskService)."""
+        """Apply one runtime event (subagent events touch the database only: see runtime/applier.py)."""
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
@@ -71,6 +121,7 @@ class TaskState:
     def _status(self, event: ev.StatusEvent) -> None:
         if event.round > self.round:
             self.tools.clear()  # 本轮工具 shows the current round's calls
+            self.tools_dropped = 0
         self.round = max(self.round, event.round)
         self.status = TaskStatus(event.status)
         if self.status is TaskStatus.RUNNING:
@@ -82,29 +133,39 @@ class TaskState:
             if self.notice in _CLEARED_BY_RUNNING:
                 self.notice = None
 
+    def _set_content(self, text: str) -> None:
+        self.content = text[:CONTENT_KEEP_CHARS]
+        self.content_chars = len(text)
+
     def _content(self, event: ev.ContentEvent) -> None:
-        self.content = _bounded(event.text)
+        self._set_content(event.text)
 
     def _content_delta(self, event: ev.ContentDeltaEvent) -> None:
-        self.content = _bounded(self.content + event.text)
+        room = CONTENT_KEEP_CHARS - len(self.content)
+        if room > 0:
+            self.content += event.text[:room]
+        self.content_chars += len(event.text)
+
+    def _keep_tool(self, call: ToolCall) -> None:
+        if call.call_id not in self.tools and len(self.tools) >= MAX_TOOLS_KEPT:
+            self.tools.pop(next(iter(self.tools)))
+            self.tools_dropped += 1
+        self.tools[call.call_id] = call
 
     def _tool_started(self, event: ev.ToolStartedEvent) -> None:
-        if len(self.tools) >= MAX_TOOLS_PER_ROUND and event.call_id not in self.tools:
-            self.tools.pop(next(iter(self.tools)))
-        self.tools[event.call_id] = ToolCall(call_id=event.call_id, name=event.name, args=event.args)
+        self._keep_tool(ToolCall(event.call_id, event.name, bound_json(event.args)))
 
     def _tool_args(self, event: ev.ToolArgsEvent) -> None:
         call = self.tools.get(event.call_id)
         if call is not None:
-            self.tools[event.call_id] = ToolCall(
-                call.call_id, call.name, event.args, call.result, call.finished
-            )
+            args = bound_json(event.args)
+            self.tools[event.call_id] = ToolCall(call.call_id, call.name, args, call.result, call.finished)
 
     def _tool_finished(self, event: ev.ToolFinishedEvent) -> None:
         call = self.tools.get(event.call_id)
         name = call.name if call is not None else "tool"
         args = call.args if call is not None else None
-        self.tools[event.call_id] = ToolCall(event.call_id, name, args, event.result, True)
+        self._keep_tool(ToolCall(event.call_id, name, args, bound_json(event.result), True))
 
     def _round_finished(self, event: ev.RoundFinishedEvent) -> None:
         self.round = max(self.round, event.round)
@@ -128,23 +189,59 @@ class TaskState:
     def _finished(self, event: ev.FinishedEvent) -> None:
         self.status = TaskStatus(event.status)
         if event.content is not None:
-            self.content = _bounded(event.content)
+            self._set_content(event.content)
         self.error = event.error or ""
+        self._close_questions()
+
+    def _close_questions(self) -> None:
         self.pending_asks.clear()
         self.approvals.clear()
         self.notice = None
 
+    def end_batch(self, now: float) -> None:
+        """After a batch: the runtime was heard from; a terminal state freezes the elapsed time."""
+        self.last_event_at = now
+        if self.status.is_terminal and self.finished_at is None:
+            self.finished_at = now
+
+    # ----------------------------------------------------------------- clicks and housekeeping
+    def mark_lost(self, now: float) -> None:
+        """The runtime went silent: 失去联系."""
+        self.status = TaskStatus.LOST
+        self._close_questions()
+        self.finished_at = now
+
+    def request_cancel(self) -> None:
+        self.notice = Notice.CANCELLING
+
+    def request_retry(self) -> None:
+        self.retry_requested = True
+        self.notice = Notice.RETRYING
+
+    def set_disliked(self, disliked: bool) -> None:
+        self.disliked = disliked
+
+    def answer(self, ask_id: str) -> None:
+        """The requester answered ``ask_id``: it leaves the form and is never accepted twice."""
+        self.pending_asks.pop(ask_id, None)
+        _remember(self.answered_asks, ask_id)
+        self.notice = Notice.ANSWERS_SUBMITTED
+
+    def decide(self, approval_id: str, approved: bool) -> None:
+        self.approvals.pop(approval_id, None)
+        _remember(self.resolved_approvals, approval_id)
+        self.notice = Notice.APPROVED if approved else Notice.DENIED
+
     # ----------------------------------------------------------------- views
-    def card_state(self, placeholder: str = "") -> CardState:
-        """What the live card shows; ``placeholder`` stands in for content until the runtime says anything."""
-        content = self.content
-        if not content and not self.tools and self.round == 0 and self.status is TaskStatus.RUNNING:
-            content = placeholder
+    def card_state(self) -> CardState:
+        """What the live card shows."""
         return CardState(
             status=self.status,
             round=self.round,
-            content=content,
+            content=self.content,
+            content_chars=self.content_chars,
             tools=tuple(self.tools.values()),
+            earlier_tools=self.tools_dropped,
             pending_asks=tuple(self.pending_asks.values()),
             pending_approvals=tuple(self.approvals.values()),
             disliked=self.disliked,
@@ -154,68 +251,42 @@ class TaskState:
             finished_at=self.finished_at if self.status.is_terminal else None,
         )
 
-    def card_model(
-        self,
-        *,
-        elapsed_ms: int,
-        subagents: tuple[SubagentSummary, ...],
-        locales: tuple[str, ...],
-        session_detail_url: str | None,
-    ) -> CardModel:
-        return CardModel(
-            session_id=self.session_id,
-            status=self.status,
-            round=self.round,
-            content=self.content,
-            title=self.title,
-            tools=tuple(self.tools.values()),
-            subagents=subagents,
-            elapsed_ms=elapsed_ms,
-            pending_asks=tuple(self.pending_asks.values()),
-            pending_approvals=tuple(self.approvals.values()),
-            disliked=self.disliked,
-            notice=self.notice,
-            error=self.error,
-            locales=locales,
-            session_detail_url=session_detail_url,
-            image_keys=dict(self.image_keys),
-        )
-
     # ----------------------------------------------------------------- snapshot
+    def snapshot_dict(self) -> dict[str, Any]:
+        """What a restarted process needs to re-attach the card (cheap: values are shared, not copied)."""
+        return {
+            "v": SNAPSHOT_VERSION,
+            "title": self.title,
+            "content": self.content,
+            "content_chars": self.content_chars,
+            "tools": [
+                {
+                    "call_id": c.call_id,
+                    "name": c.name,
+                    "args": c.args,
+                    "result": c.result,
+                    "finished": c.finished,
+                }
+                for c in self.tools.values()
+            ],
+            "tools_dropped": self.tools_dropped,
+            "pending_asks": [_ask_to_json(a) for a in self.pending_asks.values()],
+            "answered_asks": list(self.answered_asks),
+            "approvals": [
+                {"approval_id": a.approval_id, "tool_name": a.tool_name, "summary": a.summary}
+                for a in self.approvals.values()
+            ],
+            "resolved_approvals": list(self.resolved_approvals),
+            "notice": self.notice.value if self.notice else None,
+            "error": self.error,
+            "started_at": self.started_at,
+            "retry_requested": self.retry_requested,
+            "image_keys": dict(self.image_keys),
+            "finished_at": self.finished_at,
+        }
+
     def to_snapshot(self) -> str:
-        """JSON of what a restarted process needs to re-attach the card."""
-        return json.dumps(
-            {
-                "v": 1,
-                "title": self.title,
-                "content": self.content,
-                "tools": [
-                    {
-                        "call_id": c.call_id,
-                        "name": c.name,
-                        "args": c.args,
-                        "result": c.result,
-                        "finished": c.finished,
-                    }
-                    for c in self.tools.values()
-                ],
-                "pending_asks": [_ask_to_json(a) for a in self.pending_asks.values()],
-                "answered_asks": sorted(self.answered_asks),
-                "approvals": [
-                    {"approval_id": a.approval_id, "tool_name": a.tool_name, "summary": a.summary}
-                    for a in self.approvals.values()
-                ],
-                "resolved_approvals": sorted(self.resolved_approvals),
-                "notice": self.notice.value if self.notice else None,
-                "error": self.error,
-                "started_at": self.started_at,
-                "retry_requested": self.retry_requested,
-                "image_keys": self.image_keys,
-                "finished_at": self.finished_at,
-            },
-            ensure_ascii=False,
-            default=str,
-        )
+        return dump_snapshot(self.snapshot_dict())
 
     def restore_snapshot(self, snapshot: str) -> None:
         """Load a snapshot written by ``to_snapshot``; a damaged one leaves the defaults."""
@@ -223,29 +294,26 @@ class TaskState:
             data = json.loads(snapshot) if snapshot else {}
         except ValueError:
             return
-        if not isinstance(data, dict):
-            return
+        if isinstance(data, dict):
+            self._restore(data)
+
+    def _restore(self, data: dict[str, Any]) -> None:
         self.title = str(data.get("title") or self.title)
-        self.content = str(data.get("content") or "")
+        self._set_content(str(data.get("content") or ""))
+        self.content_chars = max(self.content_chars, _int(data.get("content_chars")))
         for raw in data.get("tools") or []:
-            call = ToolCall(
-                str(raw["call_id"]),
-                str(raw["name"]),
-                raw.get("args"),
-                raw.get("result"),
-                bool(raw.get("finished")),
-            )
-            self.tools[call.call_id] = call
+            self._keep_tool(_tool_from_json(raw))
+        self.tools_dropped = _int(data.get("tools_dropped"))
         for raw in data.get("pending_asks") or []:
             ask = _ask_from_json(raw)
             self.pending_asks[ask.ask_id] = ask
-        self.answered_asks = set(data.get("answered_asks") or [])
+        self.answered_asks = dict.fromkeys(map(str, data.get("answered_asks") or []))
         for raw in data.get("approvals") or []:
             approval = PendingApproval(
                 str(raw["approval_id"]), str(raw["tool_name"]), str(raw.get("summary", ""))
             )
             self.approvals[approval.approval_id] = approval
-        self.resolved_approvals = set(data.get("resolved_approvals") or [])
+        self.resolved_approvals = dict.fromkeys(map(str, data.get("resolved_approvals") or []))
         notice = data.get("notice")
         self.notice = (
             Notice(notice) if isinstance(notice, str) and notice in Notice._value2member_map_ else None
@@ -258,10 +326,19 @@ class TaskState:
         self.finished_at = float(finished_at) if isinstance(finished_at, int | float) else None
 
 
-def _bounded(text: str) -> str:
-    if len(text) <= MAX_CONTENT_CHARS:
-        return text
-    return _DROPPED_MARKER + text[-(MAX_CONTENT_CHARS - len(_DROPPED_MARKER)) :]
+def dump_snapshot(snapshot: dict[str, Any]) -> str:
+    """The snapshot as stored (separate from ``snapshot_dict`` so large ones can be dumped off the loop)."""
+    return json.dumps(snapshot, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _tool_from_json(raw: dict[str, Any]) -> ToolCall:
+    return ToolCall(
+        str(raw["call_id"]), str(raw["name"]), raw.get("args"), raw.get("result"), bool(raw.get("finished"))
+    )
 
 
 def _ask_to_json(ask: PendingAsk) -> dict[str, Any]:

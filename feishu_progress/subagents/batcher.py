@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.ports import Clock, SubagentSource
 
@@ -30,10 +31,16 @@ class BatchedSubagentSource:
     """A SubagentSource that coalesces concurrent ``list_running`` calls into batched queries."""
 
     def __init__(
-        self, source: SubagentSource, clock: Clock, *, queries_per_second: float = DEFAULT_QUERIES_PER_SECOND
+        self,
+        source: SubagentSource,
+        clock: Clock,
+        background: BackgroundTasks,
+        *,
+        queries_per_second: float = DEFAULT_QUERIES_PER_SECOND,
     ) -> None:
         self._source = source
         self._clock = clock
+        self._background = background
         self._interval = 1.0 / queries_per_second
         self._pending: dict[int, asyncio.Future[list[SubagentSummary]]] = {}
         self._last_query: float | None = None
@@ -47,7 +54,7 @@ class BatchedSubagentSource:
             future.add_done_callback(_consume)
             self._pending[parent_session_id] = future
         if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name="subagent-batcher")
+            self._runner = self._background.spawn(self._run(), name="subagent-batcher")
         return await asyncio.shield(future)
 
     async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:

@@ -8,11 +8,7 @@ from dataclasses import dataclass
 
 from feishu_progress.db.engine import Database
 from feishu_progress.domain import SubagentSummary
-from feishu_progress.subagents.query import (
-    RunningSubagentRow,
-    list_running_by_parent,
-    list_running_by_parents,
-)
+from feishu_progress.subagents.query import RunningSubagentRow, list_running_by_parents
 from feishu_progress.subagents.titles import running_subagent_title
 
 logger = logging.getLogger(__name__)
@@ -29,13 +25,14 @@ class SubagentManager:
 
     The database's ``total_rounds`` is only written at the end of a run, so while this process tracks
     an execution its in-memory round wins; after a restart the row's value is all there is
-    (seed 002 §5.4). Listing never raises: the subagent section is an extra, never a reason for the
-    card to stop updating (§5.1).
+    (seed 002 §5.4). A failing query raises: the live card is the one layer that degrades (§5.1).
+    The seed's warning is logged once when the query starts failing, and once when it recovers.
     """
 
     def __init__(self, db: Database) -> None:
         self._db = db
         self._running: dict[int, _RunningRef] = {}
+        self._failing = False
 
     def track(self, execution_id: int, parent_session_id: int) -> None:
         """Start tracking a running execution (its round starts at 0)."""
@@ -67,30 +64,20 @@ class SubagentManager:
         )
 
     async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
-        """Running BACKGROUND/FOLLOWUP subagents of the parent; [] (and a warning) when the query fails."""
-        try:
-            rows = await list_running_by_parent(self._db, parent_session_id)
-        except Exception as exc:
-            logger.warning(
-                "Failed to list running subagents for parent %s: %s",
-                parent_session_id,
-                exc,
-                extra={"session_id": parent_session_id},
-            )
-            return []
-        return [self._summary(row) for row in rows]
+        """Running BACKGROUND/FOLLOWUP subagents of the parent; raises when the query fails."""
+        return (await self.list_running_many([parent_session_id]))[parent_session_id]
 
     async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
-        """The same for many parents in one query; every parent maps to [] when the query fails."""
+        """The same for many parents in one query; raises when the query fails."""
         parents = list(dict.fromkeys(parent_session_ids))
         try:
             grouped = await list_running_by_parents(self._db, parents)
         except Exception as exc:
-            logger.warning(
-                "Failed to list running subagents for parents %s: %s",
-                ", ".join(map(str, parents)),
-                exc,
-                extra={"session_ids": parents},
-            )
-            return {parent: [] for parent in parents}
+            if not self._failing:
+                logger.warning("Failed to list running subagents: %s", type(exc).__name__)
+            self._failing = True
+            raise
+        if self._failing:
+            logger.info("listing running subagents works again")
+            self._failing = False
         return {parent: [self._summary(row) for row in rows] for parent, rows in grouped.items()}

@@ -7,15 +7,17 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from feishu_progress.errors import EventRejected, UnknownTask
+from feishu_progress.errors import EventRejected, TaskConflict, UnknownTask
+from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
-from feishu_progress.runtime.service import TaskConflict, TaskService
+from feishu_progress.runtime.service import TaskService
 from feishu_progress.web.http import HttpError, read_json
 
 log = logging.getLogger(__name__)
 
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
+MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
 def _session_id(request: web.Request) -> int:
@@ -23,6 +25,20 @@ def _session_id(request: web.Request) -> int:
     if not raw.isdigit() or len(raw) > 19:
         raise HttpError(404, "unknown_task", f"no task {raw!r}")
     return int(raw)
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise HttpError(
+            422,
+            "invalid_request",
+            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_CHARS} characters",
+            field="Idempotency-Key",
+        )
+    return key
 
 
 class RuntimeApi:
@@ -44,11 +60,17 @@ class RuntimeApi:
         ]
 
     async def create_task(self, request: web.Request) -> web.Response:
+        key = _idempotency_key(request)
         try:
             body = parse_model(CreateTaskRequest, await read_json(request, limit=MAX_EVENT_BODY))
         except EventRejected as exc:
             raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
-        created = await self.service.create_task(body)
+        try:
+            created = await self.service.create_task(body, key)
+        except TaskConflict as exc:
+            raise HttpError(409, "task_exists", str(exc)) from None
+        except FirstCardFailed as exc:
+            raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
         return web.json_response(
             {"session_id": created.session_id, "message_id": created.message_id}, status=201
         )
@@ -69,7 +91,7 @@ class RuntimeApi:
     async def get_task(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
         try:
-            view = self.service.describe(session_id)
+            view = await self.service.view(session_id)
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
         return web.json_response(view)

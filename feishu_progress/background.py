@@ -1,7 +1,8 @@
-"""A tracked set of background tasks, drained on shutdown (aiogram's pattern).
+"""The one holder of background tasks (aiogram's pattern): tracked, failures logged, drained on shutdown.
 
-Slow work started from a request (database writes after a click, image uploads) runs here so the
-request can answer at once; nothing is a bare ``create_task`` whose failure would vanish.
+Slow work started from a request (image uploads, a callback handler past its deadline), the scheduler's
+sends and the subagent batcher's queries all run in one of these; nothing is a bare ``create_task``
+whose failure would vanish or which shutdown would never wait for.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    async def cancel_all(self) -> None:
+        """Cancel every task and wait until they have all ended."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def drain(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for running tasks, cancel the rest; return how many were cancelled."""

@@ -1,0 +1,75 @@
+"""What /readyz checks and what /admin/cards lists, read off the running app's Services."""
+
+from __future__ import annotations
+
+import asyncio
+
+from feishu_progress.db.migrate import migration_state
+from feishu_progress.services import Services
+from feishu_progress.web.admin import AdminDeps, ReadinessCheck
+
+DATABASE_PING_SECONDS = 2.0
+MIGRATION_CHECK_SECONDS = 5.0
+TOKEN_CHECK_SECONDS = 5.0
+
+
+def admin_deps(services: Services) -> AdminDeps:
+    checks: dict[str, ReadinessCheck] = {
+        "database": lambda: _database(services),
+        "feishu_token": lambda: _feishu_token(services),
+        "scheduler": lambda: _scheduler(services),
+    }
+    if services.settings.feishu.mode == "ws":
+        checks["long_connection"] = lambda: _long_connection(services)
+    return AdminDeps(
+        registry=services.metrics.registry,
+        checks=checks,
+        cards=lambda: live_cards(services),
+        token=services.settings.admin.token,
+    )
+
+
+async def _database(services: Services) -> str | None:
+    assert services.db is not None
+    await asyncio.wait_for(services.db.ping(), DATABASE_PING_SECONDS)
+    current, head = await asyncio.wait_for(
+        migration_state(services.settings.database_url), MIGRATION_CHECK_SECONDS
+    )
+    return (
+        None if current == head else f"migrations at {current}, head is {head}: run feishu-progress migrate"
+    )
+
+
+async def _feishu_token(services: Services) -> str | None:
+    assert services.client is not None
+    ok = await asyncio.wait_for(services.client.token_ok(), TOKEN_CHECK_SECONDS)
+    return None if ok else "tenant token not obtainable"
+
+
+async def _scheduler(services: Services) -> str | None:
+    running = services.scheduler is not None and services.scheduler.running
+    return None if running else "delivery scheduler not running"
+
+
+async def _long_connection(services: Services) -> str | None:
+    alive = services.ws_thread is not None and services.ws_thread.is_alive()
+    return None if alive else "long-connection receiver thread is not running"
+
+
+def live_cards(services: Services) -> list[dict[str, object]]:
+    """``/admin/cards``: every task held in memory."""
+    service = services.service
+    if service is None:
+        return []
+    now = services.clock.wall()
+    return [
+        {
+            "session_id": task.state.session_id,
+            "status": task.state.status.value,
+            "round": task.state.round,
+            "message_id": task.state.message_id,
+            "stopped_reason": task.card.stopped_reason,
+            "seconds_since_event": round(now - task.state.last_event_at, 1),
+        }
+        for task in service.registry
+    ]

@@ -1,0 +1,159 @@
+"""``POST /v1/tasks``: a task row, its first card in Feishu, its live card — or nothing at all.
+
+Idempotent for the runtime: with an ``Idempotency-Key`` a repeated create answers the same task, and the
+key also fixes the ``uuid`` of the first send, so a create that failed after Feishu had in fact sent the
+card finds the same message when tried again (Feishu dedupes a uuid for an hour). Without a key, a
+create whose first card cannot be sent leaves nothing behind (the row is deleted) and answers 503.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from feishu_progress.cards.builder import build_progress_card
+from feishu_progress.config import Settings
+from feishu_progress.db.repo import NewTask, TaskRecord, TaskRepository
+from feishu_progress.db.times import utc_datetime
+from feishu_progress.domain import CardState
+from feishu_progress.errors import FeishuProgressError, TaskConflict
+from feishu_progress.ports import Clock
+from feishu_progress.progress.live_card import card_model
+from feishu_progress.runtime import events as ev
+from feishu_progress.runtime.registry import TaskRegistry, card_context
+from feishu_progress.runtime.snapshots import state_from_record
+from feishu_progress.runtime.state import TaskState
+
+log = logging.getLogger(__name__)
+
+FIRST_CARD_RETRY_AFTER = 2  # seconds a runtime should wait before creating again when Feishu failed
+
+
+class CardSender(Protocol):
+    """Sends the first card of a task (the Feishu client satisfies it)."""
+
+    async def send_card(
+        self, receive_id: str, receive_id_type: str, card: dict[str, Any], uuid: str
+    ) -> str: ...
+
+    async def reply_card(
+        self, message_id: str, card: dict[str, Any], uuid: str, in_thread: bool = False
+    ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedTask:
+    session_id: int
+    message_id: str
+
+
+class FirstCardFailed(FeishuProgressError):
+    """Feishu did not take the first card after every retry; nothing of the task remains."""
+
+    retry_after = FIRST_CARD_RETRY_AFTER
+
+
+class TaskCreator:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        repo: TaskRepository,
+        sender: CardSender,
+        registry: TaskRegistry,
+        clock: Clock,
+    ) -> None:
+        self._settings = settings
+        self._repo = repo
+        self._sender = sender
+        self._registry = registry
+        self._clock = clock
+
+    async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
+        """Create the task and send its first card (raises TaskConflict, FirstCardFailed)."""
+        if idempotency_key is not None:
+            earlier = await self._repo.find_by_idempotency_key(idempotency_key)
+            if earlier is not None:
+                return await self._finish_earlier(earlier, idempotency_key)
+        now = self._clock.wall()
+        try:
+            session_id = await self._repo.create_task(_new_task(request, idempotency_key, utc_datetime(now)))
+        except TaskConflict:
+            if idempotency_key is None:
+                raise
+            racing = await self._repo.find_by_idempotency_key(idempotency_key)
+            if racing is None:
+                raise
+            return await self._finish_earlier(racing, idempotency_key)  # a concurrent create with the key
+        state = TaskState(
+            session_id=session_id,
+            requester_open_id=request.requester_open_id,
+            receive_id=request.receive_id,
+            receive_id_type=request.receive_id_type,
+            title=request.title,
+            locale=request.locale,
+            started_at=now,
+            last_event_at=now,
+        )
+        return await self._send_first(state, request.reply_to_message_id, idempotency_key)
+
+    async def _finish_earlier(self, record: TaskRecord, key: str) -> CreatedTask:
+        """The key was used before: the same task, its first send completed if it never was."""
+        if record.message_id is not None:
+            return CreatedTask(record.session_id, record.message_id)
+        return await self._send_first(state_from_record(record), record.reply_to_message_id, key)
+
+    async def _send_first(self, state: TaskState, reply_to: str | None, key: str | None) -> CreatedTask:
+        first = build_progress_card(
+            card_model(card_context(self._settings, state, ""), CardState(), (), self._clock.wall())
+        )
+        uuid = first_card_uuid(state.session_id, key)
+        try:
+            if reply_to:
+                message_id = await self._sender.reply_card(reply_to, first, uuid)
+            else:
+                message_id = await self._sender.send_card(
+                    state.receive_id, state.receive_id_type, first, uuid
+                )
+        except FeishuProgressError as exc:
+            await self._abandon(state.session_id, key, exc)
+            raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
+        await self._repo.set_message_id(state.session_id, message_id)
+        state.message_id = message_id
+        self._registry.attach(state)
+        return CreatedTask(state.session_id, message_id)
+
+    async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
+        log.warning("first card of task %s could not be sent: %s", session_id, exc)
+        if key is not None:
+            return  # kept: a retry with the same key resumes it with the same uuid
+        try:
+            await self._repo.delete_task(session_id)
+        except Exception as delete_exc:
+            log.warning("task %s could not be removed after its failed send: %s", session_id, delete_exc)
+
+
+def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any) -> NewTask:
+    return NewTask(
+        receive_id=request.receive_id,
+        receive_id_type=request.receive_id_type,
+        requester_open_id=request.requester_open_id,
+        now=now,
+        title=request.title,
+        reply_to_message_id=request.reply_to_message_id,
+        locale=request.locale,
+        session_id=request.session_id,
+        idempotency_key=key,
+    )
+
+
+def first_card_uuid(session_id: int, key: str | None) -> str:
+    """The send's dedupe uuid (≤ 50 characters): from the Idempotency-Key when there is one."""
+    if key is None:
+        return f"fp-task-{session_id}"
+    return "fp-key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
+
+
+__all__ = ["CardSender", "CreatedTask", "FirstCardFailed", "TaskConflict", "TaskCreator", "first_card_uuid"]

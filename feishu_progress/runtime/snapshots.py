@@ -1,0 +1,171 @@
+"""What survives a restart: each task's state saved to ``task_card``, and loaded back.
+
+Cadence: a new status (WAITING, a terminal state...) is saved at once; rounds, streamed text and tool
+arguments at most once per ``PERSIST_INTERVAL`` (``run``), all dirty tasks in one statement — a busy bot
+starts a new round every few seconds per task, and a write per round put the database on the event path
+(measured: ~450 writes/s at 1000 live cards). A failed save never loses the state: the task stays dirty
+and the next pass tries again, and when a whole batch fails its rows are retried one by one, so one bad
+row never blocks the others. A pass whose snapshots are large is serialised in a worker thread, between
+whose dumps the event loop gets its turns (tool values are capped at 16 KiB, so no single dump is long).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from feishu_progress.db.repo import StateRow, TaskRecord, TaskRepository
+from feishu_progress.db.times import utc_datetime
+from feishu_progress.domain import TaskStatus
+from feishu_progress.ports import Clock
+from feishu_progress.runtime.state import TaskState, dump_snapshot
+from feishu_progress.runtime.task import Task
+from feishu_progress.waiting import Stopper
+
+log = logging.getLogger(__name__)
+
+PERSIST_INTERVAL = 1.0  # seconds between saves of a task's round, streamed text and tool arguments
+# A pass estimated larger than this is dumped in a worker thread rather than on the event loop.
+OFF_LOOP_CHARS = 256 * 1024
+_CHARS_PER_TOOL_ESTIMATE = 2048
+MAX_STOP_REASON_CHARS = 255  # the column's size
+
+
+class SnapshotStore:
+    """Dirty tracking, the periodic save, saves on a status change, and loading tasks back."""
+
+    def __init__(self, repo: TaskRepository, clock: Clock) -> None:
+        self._repo = repo
+        self._clock = clock
+        self._dirty: dict[int, Task] = {}
+        self._saving: set[int] = set()  # written right now: not safe to forget yet
+        self._failing = False
+
+    def mark_dirty(self, task: Task) -> None:
+        """Save this task on the next pass."""
+        self._dirty[task.session_id] = task
+
+    def is_dirty(self, session_id: int) -> bool:
+        """Whether the task has changes the database does not have yet (or is being written)."""
+        return session_id in self._dirty or session_id in self._saving
+
+    async def save_now(self, task: Task) -> bool:
+        """Save one task at once (a status change); on failure it stays dirty for the next pass."""
+        self._dirty.pop(task.session_id, None)
+        self._saving.add(task.session_id)
+        try:
+            await self._repo.save_states(await self._rows([task.state]))
+        except Exception as exc:
+            self._dirty[task.session_id] = task
+            self._log_failure("saving task %s failed (%s): retried on the next pass", task.session_id, exc)
+            return False
+        finally:
+            self._saving.discard(task.session_id)
+        return True
+
+    async def flush(self) -> int:
+        """Save every dirty task (one statement, or row by row if that fails); returns how many were saved."""
+        dirty, self._dirty = self._dirty, {}
+        if not dirty:
+            return 0
+        self._saving.update(dirty)
+        try:
+            rows = await self._rows([task.state for task in dirty.values()])
+            try:
+                await self._repo.save_states(rows)
+            except Exception:
+                saved = await self._one_by_one(rows, dirty)
+            else:
+                saved = len(rows)
+        finally:
+            self._saving.difference_update(dirty)
+        if saved == len(rows) and self._failing:
+            log.info("task snapshots are being saved again")
+            self._failing = False
+        return saved
+
+    async def _one_by_one(self, rows: Sequence[StateRow], dirty: dict[int, Task]) -> int:
+        saved = 0
+        for row in rows:
+            try:
+                await self._repo.save_states([row])
+            except Exception as exc:
+                self._dirty.setdefault(row.session_id, dirty[row.session_id])
+                self._log_failure("saving task %s failed (%s): retried on the next pass", row.session_id, exc)
+            else:
+                saved += 1
+        return saved
+
+    def _log_failure(self, message: str, session_id: int, exc: BaseException) -> None:
+        # Once per outage, not once per task per second.
+        if not self._failing:
+            log.warning(message, session_id, type(exc).__name__)
+        self._failing = True
+
+    async def run(self, stopper: Stopper) -> None:
+        """``flush`` every PERSIST_INTERVAL until the stopper says stop."""
+        while await stopper.pause(PERSIST_INTERVAL):
+            try:
+                await self.flush()
+            except Exception:  # the loop must survive a bad pass
+                log.exception("saving task snapshots failed")
+
+    async def _rows(self, states: Sequence[TaskState]) -> list[StateRow]:
+        snapshots = [state.snapshot_dict() for state in states]  # on the loop: the state may change after
+        size = sum(len(state.content) + _CHARS_PER_TOOL_ESTIMATE * len(state.tools) for state in states)
+        if size > OFF_LOOP_CHARS:
+            texts = await asyncio.to_thread(lambda: [dump_snapshot(snapshot) for snapshot in snapshots])
+        else:
+            texts = [dump_snapshot(snapshot) for snapshot in snapshots]
+        return [_state_row(state, text) for state, text in zip(states, texts, strict=True)]
+
+    # -- loading --------------------------------------------------------------------------------
+
+    async def load_unfinished(self) -> list[TaskState]:
+        """Every RUNNING or WAITING task that has a card, oldest first (re-attached after a restart)."""
+        return [
+            state_from_record(record) for record in await self._repo.list_unfinished() if record.message_id
+        ]
+
+    async def load(self, session_id: int) -> TaskState | None:
+        """One task from the database (an evicted one a click or request asks about)."""
+        record = await self._repo.get(session_id)
+        if record is None or record.message_id is None:
+            return None
+        return state_from_record(record)
+
+
+def _state_row(state: TaskState, snapshot: str) -> StateRow:
+    return StateRow(
+        session_id=state.session_id,
+        status=state.status.value,
+        round=state.round,
+        snapshot=snapshot,
+        last_event_at=utc_datetime(state.last_event_at),
+        finished_at=utc_datetime(state.finished_at) if state.finished_at is not None else None,
+        disliked=state.disliked,
+        stop_reason=None if state.stop_reason is None else state.stop_reason[:MAX_STOP_REASON_CHARS],
+    )
+
+
+def state_from_record(record: TaskRecord) -> TaskState:
+    state = TaskState(
+        session_id=record.session_id,
+        requester_open_id=record.requester_open_id,
+        receive_id=record.receive_id,
+        receive_id_type=record.receive_id_type,
+        title=record.title or "",
+        locale=record.locale,
+        message_id=record.message_id,
+        status=TaskStatus(record.status),
+        round=record.round,
+        disliked=record.disliked,
+        stop_reason=record.stop_reason,
+        started_at=record.started_at.timestamp(),
+        last_event_at=record.last_event_at.timestamp(),
+    )
+    state.restore_snapshot(record.snapshot or "")
+    if state.status.is_terminal and state.finished_at is None and record.finished_at is not None:
+        state.finished_at = record.finished_at.timestamp()
+    return state

@@ -1,0 +1,52 @@
+"""What a running app holds, in one typed place (filled in as the app starts, in app.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from feishu_progress.background import BackgroundTasks
+from feishu_progress.config import Settings
+from feishu_progress.metrics import Metrics
+from feishu_progress.ports import Clock
+from feishu_progress.waiting import Stopper
+
+if TYPE_CHECKING:
+    from feishu_progress.db.engine import Database
+    from feishu_progress.feishu.client import FeishuClient
+    from feishu_progress.progress.scheduler import DeliveryScheduler
+    from feishu_progress.runtime.card_actions import CardActions
+    from feishu_progress.runtime.dedupe import PersistentDeduper
+    from feishu_progress.runtime.service import TaskService
+    from feishu_progress.sandbox.server import RunningSandbox
+
+
+@dataclass
+class Services:
+    """Everything the running app holds; ``settings`` are the effective ones (sandbox keys filled in)."""
+
+    settings: Settings
+    clock: Clock
+    metrics: Metrics
+    background: BackgroundTasks = field(default_factory=BackgroundTasks)
+    stopper: Stopper | None = None
+    db: Database | None = None
+    client: FeishuClient | None = None
+    scheduler: DeliveryScheduler | None = None
+    service: TaskService | None = None
+    actions: CardActions | None = None
+    deduper: PersistentDeduper | None = None
+    sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
+    admin_url: str | None = None
+    ws_thread: threading.Thread | None = None
+
+    def require_service(self) -> TaskService:
+        if self.service is None:
+            raise RuntimeError("the app has not started")
+        return self.service
+
+
+SERVICES = web.AppKey("services", Services)
