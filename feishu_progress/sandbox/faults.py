@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 MESSAGE_ENDPOINTS: frozenset[str] = frozenset({"send", "reply", "patch", "image"})
-ALL_ENDPOINTS: frozenset[str] = MESSAGE_ENDPOINTS | {"token"}
+CARDKIT_ENDPOINTS: frozenset[str] = frozenset({"card_create", "card_update", "card_settings", "card_content"})
+API_ENDPOINTS: frozenset[str] = MESSAGE_ENDPOINTS | CARDKIT_ENDPOINTS
+ALL_ENDPOINTS: frozenset[str] = API_ENDPOINTS | {"token"}
 
 
 class FaultKind(StrEnum):
@@ -51,6 +53,7 @@ class Faults:
         self._storm_endpoints: frozenset[str] = frozenset()
         self._delay_seconds = 0.0
         self._delay_endpoints: frozenset[str] = frozenset()
+        self.drops_expired_streams = False
 
     def fail(
         self, ratio: float, *, status: int = 500, endpoints: Iterable[str] = ("patch",), seed: int = 0
@@ -67,7 +70,7 @@ class Faults:
         self._hang_endpoints = frozenset(endpoints)
         self._released.clear()
 
-    def storm_429(self, seconds: float, *, endpoints: Iterable[str] = MESSAGE_ENDPOINTS) -> None:
+    def storm_429(self, seconds: float, *, endpoints: Iterable[str] = API_ENDPOINTS) -> None:
         """Answer everything with HTTP 429 / 99991400 for ``seconds`` of sandbox time."""
         self._storm_until = self._now() + seconds
         self._storm_endpoints = frozenset(endpoints)
@@ -76,6 +79,14 @@ class Faults:
         """Delay every answer by ``milliseconds`` of real time."""
         self._delay_seconds = milliseconds / 1000
         self._delay_endpoints = frozenset(endpoints)
+
+    def drop_expired_streams(self, enabled: bool = True) -> None:
+        """Answer streamed text after the streaming window closed with success, and drop it.
+
+        A peer saw updates after 10 minutes vanish with no error (lark-coding-agent-bridge #289):
+        a client must re-open the window in time rather than wait for 200850.
+        """
+        self.drops_expired_streams = enabled
 
     def release_hangs(self) -> None:
         """Let every hanging request finish (with a 504)."""

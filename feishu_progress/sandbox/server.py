@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from feishu_progress.sandbox.cardkit import CardKit
 from feishu_progress.sandbox.faults import Fault, FaultKind
 from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
 
@@ -34,6 +35,10 @@ def create_sandbox_app(
     app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", _reply)
     app.router.add_patch("/open-apis/im/v1/messages/{message_id}", _patch)
     app.router.add_post("/open-apis/im/v1/images", _image)
+    app.router.add_post("/open-apis/cardkit/v1/cards", _card_create)
+    app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}", _card_update)
+    app.router.add_patch("/open-apis/cardkit/v1/cards/{card_id}/settings", _card_settings)
+    app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content", _card_content)
     app.router.add_get("/_sandbox/stats", _stats)
     app.router.add_post("/_sandbox/reset", _reset)
     app.on_shutdown.append(_release_hangs)
@@ -126,6 +131,43 @@ async def _image(request: web.Request) -> web.StreamResponse:
     return _respond(state, state.upload_image(image_type, data))
 
 
+async def _card_create(request: web.Request) -> web.StreamResponse:
+    state, early = await _admit(request, "card_create")
+    if early is not None:
+        return early
+    return _respond(state, state.cardkit.create(await _json_body(request)))
+
+
+async def _card_update(request: web.Request) -> web.StreamResponse:
+    return await _card_call(request, "card_update", lambda kit, card_id, body: kit.update(card_id, body))
+
+
+async def _card_settings(request: web.Request) -> web.StreamResponse:
+    return await _card_call(request, "card_settings", lambda kit, card_id, body: kit.settings(card_id, body))
+
+
+async def _card_content(request: web.Request) -> web.StreamResponse:
+    element_id = request.match_info["element_id"]
+    return await _card_call(
+        request, "card_content", lambda kit, card_id, body: kit.content(card_id, element_id, body)
+    )
+
+
+async def _card_call(
+    request: web.Request,
+    endpoint: str,
+    operate: Callable[[CardKit, str, Mapping[str, Any]], Answer],
+) -> web.StreamResponse:
+    """An update of one card entity; the message showing it is notified whatever the answer."""
+    state, response = await _admit(request, endpoint)
+    card_id = request.match_info["card_id"]
+    if response is None:
+        answer = operate(state.cardkit, card_id, await _json_body(request))
+        response = _respond(state, answer, state.cardkit.message_id_of(card_id))
+    state.cardkit.notify(card_id)
+    return response
+
+
 async def _stats(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     return web.json_response(
@@ -136,6 +178,7 @@ async def _stats(request: web.Request) -> web.StreamResponse:
             "responses": {str(code): count for code, count in state.responses.items()},
             "messages": len(state.messages),
             "token_fetches": state.token_fetches,
+            "cardkit": state.cardkit.stats(),
         }
     )
 

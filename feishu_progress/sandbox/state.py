@@ -1,13 +1,15 @@
 """What the sandbox knows and decides: tokens, messages, limits, and every card it received.
 
 The HTTP layer (server.py) only parses and answers; every rule lives here so tests can read it.
-Limits and codes follow reference/feishu-platform.md §2, §3, §6, §7.
+Limits and codes follow reference/feishu-platform.md §2, §3, §4, §6, §7. CardKit (card entities and
+streaming) lives in cardkit.py, which builds on this module; its codes are listed here with the others.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import secrets
 import time
@@ -15,10 +17,15 @@ import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feishu_progress.cards.validate import card_problems, element_count
 from feishu_progress.sandbox.faults import Faults
+
+if TYPE_CHECKING:
+    from feishu_progress.sandbox.cardkit import CardKit, CardKitRecord
+
+_log = logging.getLogger(__name__)
 
 DAY = 86400.0
 RECEIVE_ID_TYPES = frozenset({"open_id", "user_id", "union_id", "email", "chat_id"})
@@ -40,6 +47,27 @@ IMAGE_BAD_FORMAT = 234011
 TOKEN_MISSING = 99991661
 TOKEN_INVALID = 99991663
 APP_SECRET_INVALID = 10014
+# CardKit (feishu-platform.md §4).
+CARD_NOT_FOUND = 200740
+CARD_ENTITY_EXPIRED = 200750
+UUID_CONFLICT = 200770
+STREAM_TIMED_OUT = 200850  # the streaming window closed (10 min after it was last opened)
+CARDKIT_CARD_TOO_LARGE = 200860
+DUPLICATE_ELEMENT_ID = 300301
+UPDATE_MULTI_FALSE = 300302
+SCHEMA_NOT_2 = 300303
+STREAMING_CLOSED = 300309
+ELEMENT_NOT_STREAMABLE = 300310
+# Sandbox guess: not in Feishu's CardKit code table; peers log it for an unknown element id
+# ("not find elementID", Cheerwhy/hermes-lark-streaming #66).
+ELEMENT_NOT_FOUND = 300313
+SEQUENCE_NOT_INCREASING = 300317
+MISSING_SCOPE = 99991672  # the app lacks cardkit:card:write
+# Sandbox guess: Feishu documents 10 operations/s per card entity, not the code it answers with.
+CARD_RATE_LIMITED = 230020
+# Sandbox guess: "a card entity can be sent only once" has no documented code; sending an invalid
+# card_id is reported by peers as 230099 / ErrCode 11310 (lark-coding-agent-bridge #163).
+CARD_ALREADY_SENT = 230099
 
 _CARD_VERDICT_CACHE_SIZE = 512
 
@@ -63,10 +91,22 @@ class SandboxConfig:
     time_scale: float = 1.0  # sandbox seconds per real second: 60 makes a minute pass in a second
     hang_cap_seconds: float = 60.0
     validate_cards: bool = True
+    cardkit_scope: bool = True  # False: the app lacks cardkit:card:write, every CardKit call is 99991672
+    cardkit_sequence_gaps: bool = True  # False: a sequence must be exactly one more than the last
+    cardkit_streaming_window: float = 600.0  # streaming closes this long after it was last opened
+    cardkit_per_card_qps: float = 10
+    card_entity_days: float = 14
+    max_stream_chars: int = 100_000
 
     def unlimited(self) -> SandboxConfig:
         """The same config with every rate limit lifted (for benchmarks)."""
-        return replace(self, per_message_qps=math.inf, app_per_second=math.inf, app_per_minute=math.inf)
+        return replace(
+            self,
+            per_message_qps=math.inf,
+            app_per_second=math.inf,
+            app_per_minute=math.inf,
+            cardkit_per_card_qps=math.inf,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +136,8 @@ class SandboxMessage:
     deleted: bool = False
     responses: Counter[int] = field(default_factory=Counter)
     patch_times: deque[float] = field(default_factory=deque)
+    card_id: str | None = None  # set when the message shows a CardKit card entity
+    cardkit: CardKitRecord | None = None  # that entity's accepted updates and last error
 
     @property
     def card(self) -> dict[str, Any]:
@@ -138,6 +180,8 @@ class SandboxState:
     """The sandbox's memory and rules. ``clock`` is real monotonic time unless a test injects one."""
 
     def __init__(self, config: SandboxConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        from feishu_progress.sandbox.cardkit import CardKit  # cardkit.py builds on this module
+
         self.config = config
         self._clock = clock
         self._origin = clock()
@@ -155,6 +199,8 @@ class SandboxState:
         self._app_limits: dict[str, tuple[SlidingWindow, SlidingWindow]] = {}
         self._verdicts: OrderedDict[str, Answer | dict[str, Any]] = OrderedDict()
         self._ids = itertools.count(1)
+        self.listeners: list[Callable[[SandboxMessage], None]] = []
+        self.cardkit: CardKit = CardKit(self)
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -191,6 +237,15 @@ class SandboxState:
         self.peers.clear()
         self.connections = 0
         self._transports.clear()
+        self.cardkit.counters.clear()
+
+    def _notify(self, message: SandboxMessage) -> None:
+        """Tell every listener ``message`` changed; a failing listener is logged, never breaks the sandbox."""
+        for listener in list(self.listeners):
+            try:
+                listener(message)
+            except Exception:
+                _log.exception("sandbox listener failed", extra={"message_id": message.message_id})
 
     def note_connection(self, transport: object) -> None:
         """Count a client connection the first time one of its requests arrives."""
@@ -332,10 +387,14 @@ class SandboxState:
             seen = self._uuids.get(uuid)
             if seen is not None and now - seen[1] < self.config.uuid_ttl:
                 return success(self._message_data(self.messages[seen[0]]))
-        verdict = self.judge_card(body.get("content"))
+        # A card entity sent by reference shows its current card; anything else is a card JSON.
+        card_id = self.cardkit.referenced_card_id(body.get("content"))
+        verdict = self.cardkit.sendable(card_id) if card_id else self.judge_card(body.get("content"))
         if isinstance(verdict, Answer):
             return verdict
         message = self._new_message(body, receive_id_type, parent, verdict, now)
+        if card_id:
+            self.cardkit.attach(card_id, message)
         if isinstance(uuid, str) and uuid:
             self._uuids[uuid] = (message.message_id, now)
         return success(self._message_data(message))
