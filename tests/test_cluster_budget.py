@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -355,6 +356,17 @@ def greedy_capacity(windows: BudgetWindows, seconds: float) -> int:
         grants += 1
 
 
+async def test_the_latency_bench_runs(redis_url: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import cluster_budget
+
+    shared = await cluster_budget.shared_run(redis_url, 20)
+    bare = await cluster_budget.bare_script_run(redis_url, 20)
+    local = await cluster_budget.fallback_run(20)
+    assert shared.granted == bare.granted == local.granted == 20
+    assert 0 < shared.p50_us <= shared.p99_us and 0 < local.p50_us <= local.p99_us
+
+
 # -- four processes, real time, Redis's clock -------------------------------------------------------
 
 MP_RATE = RateSettings(app_per_second=50, app_per_minute=200)
@@ -610,19 +622,26 @@ async def test_the_local_share_follows_the_number_of_live_instances() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     clock = FakeClock()
-    instances = [5]
+    instances: list[int | None] = [5]
+
+    def live_instances() -> int:
+        if instances[0] is None:
+            raise RuntimeError("lease table unreachable")
+        return instances[0]
+
     budget = SharedBudget.from_url(
         f"redis://127.0.0.1:{port}/0",
         app_id="cli_share",
         rate=RateSettings(app_per_second=50, app_per_minute=1000),
         clock=clock,
         timeout=0.1,
-        live_instances=lambda: instances[0],
+        live_instances=live_instances,
     )
 
     async def immediate_grants() -> int:
         count = 0
-        while (await budget.try_acquire(OpenApi.PATCH)).grant is not None:
+        while (grant := (await budget.try_acquire(OpenApi.PATCH)).grant) is not None:
+            budget.settle(grant)
             count += 1
         return count
 
@@ -631,5 +650,8 @@ async def test_the_local_share_follows_the_number_of_live_instances() -> None:
         instances[0] = 2
         await clock.advance(60.0)
         assert await immediate_grants() == 25  # 50 / 2
+        instances[0] = None  # a failing count keeps the last one
+        await clock.advance(60.0)
+        assert await immediate_grants() == 25
     finally:
         await budget.aclose()
