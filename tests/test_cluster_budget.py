@@ -602,8 +602,14 @@ async def test_a_redis_that_never_answered_falls_back_on_the_first_call() -> Non
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
     clock = FakeClock()
+    metrics = Metrics()
     budget = SharedBudget.from_url(
-        f"redis://127.0.0.1:{port}/0", app_id="cli_none", rate=RateSettings(), clock=clock, timeout=0.1
+        f"redis://127.0.0.1:{port}/0",
+        app_id="cli_none",
+        rate=RateSettings(),
+        clock=clock,
+        timeout=0.1,
+        metrics=metrics,
     )
     try:
         attempt = await budget.try_acquire(OpenApi.PATCH, urgent=False)
@@ -613,6 +619,8 @@ async def test_a_redis_that_never_answered_falls_back_on_the_first_call() -> Non
         await budget.pause(OpenApi.PATCH, 5.0)
         paused = await budget.try_acquire(OpenApi.PATCH, urgent=True)
         assert paused.grant is None and paused.wait == pytest.approx(5.0)
+        assert metrics.value("fp_budget_waits_total", {"api": "patch", "mode": "local-fallback"}) == 1
+        assert metrics.value("fp_budget_grants_total", {"api": "patch", "mode": "local-fallback"}) == 1
     finally:
         await budget.aclose()
 

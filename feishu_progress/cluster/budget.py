@@ -221,8 +221,7 @@ class SharedBudget:
     async def try_acquire(self, api: OpenApi, *, urgent: bool = False) -> Attempt:
         """Grant one call of ``api`` now, or say how long to wait (``Attempt.wait``); never waits itself."""
         started = time.perf_counter()
-        mode = self._status.mode
-        if mode is BudgetMode.SHARED:
+        if self._status.mode is BudgetMode.SHARED:
             try:
                 attempt = await self._try_shared(api, urgent)
             except _REDIS_FAILURES as exc:
@@ -230,7 +229,7 @@ class SharedBudget:
                 attempt = self._try_local(api, urgent)
         else:
             attempt = self._try_local(api, urgent)
-        mode = attempt.grant.mode if attempt.grant is not None else mode
+        mode = attempt.grant.mode if attempt.grant is not None else self._status.mode
         self._metrics.budget_acquire_seconds.labels(mode=mode.value).observe(time.perf_counter() - started)
         counter = self._metrics.budget_grants if attempt.grant is not None else self._metrics.budget_waits
         counter.labels(api=api.value, mode=mode.value).inc()
