@@ -76,6 +76,38 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Cluster mode: the app budget shared through Redis (cluster/budget.py).
+        self.budget_acquire_seconds = Histogram(
+            "fp_budget_acquire_seconds",
+            "Time of one shared-budget decision (one Redis script call, or the local share), by mode.",
+            ["mode"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+        self.budget_grants = Counter(
+            "fp_budget_grants_total",
+            "Open API calls the app budget granted, by API and mode (shared / local-fallback).",
+            ["api", "mode"],
+            registry=self.registry,
+        )
+        self.budget_waits = Counter(
+            "fp_budget_waits_total",
+            "Budget decisions that answered 'wait', by API and mode.",
+            ["api", "mode"],
+            registry=self.registry,
+        )
+        self.budget_mode = Gauge(
+            "fp_budget_mode",
+            "1 for the budget mode in force (shared: Redis; local-fallback: budget ÷ live instances).",
+            ["mode"],
+            registry=self.registry,
+        )
+        self.budget_fallbacks = Counter(
+            "fp_budget_fallbacks_total",
+            "Switches from the shared Redis budget to the local fallback (Redis failed or timed out).",
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every collector in this registry."""
         return generate_latest(self.registry)
