@@ -33,18 +33,17 @@ from feishu_progress.domain import (
     ToolCall,
 )
 from feishu_progress.i18n import Msg, translate
-from feishu_progress.tools.types import (
+from feishu_progress.tools.line_model import LineState, ToolLine
+from feishu_progress.tools.view_models import (
     AskAnswer,
     AskAnswersView,
     AskToolHeadline,
     AskToolView,
     ImageGridView,
     ImageItem,
-    LineState,
     StatusKind,
     SubagentRow,
     SubagentRowsView,
-    ToolLine,
     ToolView,
     WaitSummary,
 )
@@ -116,12 +115,12 @@ def subagent(
 
 
 def fixed_lines(monkeypatch: pytest.MonkeyPatch, **by_name: ToolLine) -> None:
-    """Make describe_tool_call return given lines: these tests are about cards/, not tools/."""
+    """Make line_for_call return given lines: these tests are about cards/, not tools/."""
 
-    def describe(call: ToolCall) -> ToolLine:
+    def fixed(call: ToolCall) -> ToolLine:
         return by_name[call.name]
 
-    monkeypatch.setattr(sections, "describe_tool_call", describe)
+    monkeypatch.setattr(sections, "line_for_call", fixed)
 
 
 def view_line(view: ToolView | None = None, raw: str | None = None, name: str = "t") -> ToolLine:

@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feishu_progress.cards.actions import decode_form_answers
-from feishu_progress.cards.budget import TARGET_BYTES
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.callback_contract import decode_form_answers
+from feishu_progress.cards.size import TARGET_BYTES
 from feishu_progress.cards.validate import card_bytes, card_problems
 from feishu_progress.domain import (
     AskOption,

@@ -15,8 +15,9 @@ from feishu_progress.tools.asktool import (
     parse_asktool,
     parse_questions,
 )
-from feishu_progress.tools.describe import describe_tool_call
-from feishu_progress.tools.types import AskToolHeadline, AskToolView, LineState
+from feishu_progress.tools.call_line import line_for_call
+from feishu_progress.tools.line_model import LineState
+from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
 ARGS = {
     "questions": [
@@ -81,7 +82,7 @@ def test_t4_full_width_colon_inside_the_question() -> None:
 )
 def test_t5_truncated_or_mismatched_text_falls_back(result: str) -> None:
     assert parse_asktool(ARGS, result) is None
-    line = describe_tool_call(ToolCall("c", "asktool", ARGS, result, finished=True))
+    line = line_for_call(ToolCall("c", "asktool", ARGS, result, finished=True))
     assert line.view is None
     assert line.raw_result == result  # never silently drop text
     assert translate(line.summary) == "调用 asktool"
@@ -105,7 +106,7 @@ def test_t7_running_with_complete_questions_is_pending() -> None:
     assert view.answers == (None, None)
     assert view.headline is AskToolHeadline.PENDING
     assert translate(asktool_headline(view)) == "2 个问题 · 等待回答"
-    line = describe_tool_call(ToolCall("c", "asktool", ARGS, None, finished=False))
+    line = line_for_call(ToolCall("c", "asktool", ARGS, None, finished=False))
     assert line.state is LineState.RUNNING
     assert translate(line.summary) == "提问 · 2 个问题 · 等待回答"
     assert line.view == view
@@ -151,7 +152,7 @@ def test_no_valid_question_is_none(args: Any) -> None:
 
 def test_finished_line_and_english_singular() -> None:
     args = {"questions": [{"question": "Go?", "options": ["yes", "no"]}]}
-    line = describe_tool_call(ToolCall("c", "asktool", args, "Go?：yes", finished=True))
+    line = line_for_call(ToolCall("c", "asktool", args, "Go?：yes", finished=True))
     assert line.state is LineState.OK
     assert isinstance(line.view, AskToolView)
     assert translate(line.summary) == "提问 · 1 个问题 · 已作答 1 / 1"

@@ -3,7 +3,7 @@
 Order of the body (seed 002 §10.2): status line · notice · waiting hint · content · error ·
 subagents (RUNNING only) · 本轮工具 · hr + forms + approvals · button row.
 
-Budget (see budget.py): the card is assembled without the streamed content at the most generous
+Size budget (see size.py): the card is assembled without the streamed content at the most generous
 ``Limits`` level that leaves room under the target, then the content takes the bytes left over,
 cut with a visible marker. If even the smallest level does not fit, the degraded card is returned.
 """
@@ -12,16 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from feishu_progress.cards.budget import (
-    LEVELS,
-    MAX_CONTENT_SCAN,
-    MIN_CONTENT_BYTES,
-    TARGET_BYTES,
-    Limits,
-    fits,
-    json_bytes,
-    longest_prefix,
-)
 from feishu_progress.cards.escape import close_open_fence, escape_markdown, plain_text
 from feishu_progress.cards.form import action_buttons, interactive_sections
 from feishu_progress.cards.sections import (
@@ -33,6 +23,16 @@ from feishu_progress.cards.sections import (
     subagent_section,
     tools_section,
     waiting_hint,
+)
+from feishu_progress.cards.size import (
+    LEVELS,
+    MAX_CONTENT_SCAN,
+    MIN_CONTENT_BYTES,
+    TARGET_BYTES,
+    Limits,
+    fits,
+    json_bytes,
+    longest_prefix,
 )
 from feishu_progress.cards.text import Langs, msg, plain
 from feishu_progress.domain import CardModel, TaskStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from feishu_progress.cards.actions import (
+from feishu_progress.cards.callback_contract import (
     Action,
     callback_value,
     field_name,
@@ -12,10 +12,10 @@ from feishu_progress.cards.actions import (
     other_field_name,
     submit_name,
 )
-from feishu_progress.cards.budget import Limits
 from feishu_progress.cards.escape import plain_text
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.views import inline
+from feishu_progress.cards.view_panels import inline
 from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
 from feishu_progress.tools.approval import approval_title

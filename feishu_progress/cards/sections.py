@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from feishu_progress.cards.budget import Limits
 from feishu_progress.cards.escape import sanitize_inline_title
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.views import block_render, collapsed_panel, raw_result, render_view
+from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_result, render_view
 from feishu_progress.domain import CardModel, Notice, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools.describe import describe_tool_call
-from feishu_progress.tools.types import LineState, ToolLine
-
-logger = logging.getLogger(__name__)
+from feishu_progress.tools.call_line import line_for_call
+from feishu_progress.tools.line_model import ToolLine
 
 MAX_CARD_SUBAGENTS = 5  # seed 002 D3
 SUBAGENT_TITLE_CHARS = 40  # seed 002 cleanTitle: 40 characters + an ellipsis
@@ -163,16 +160,6 @@ def _clean_subagent_title(title: str) -> str:
 # -- 本轮工具 --------------------------------------------------------------------------------
 
 
-def describe(call: ToolCall) -> ToolLine:
-    """The tools room's line for a call; a generic line if it fails, so one odd call never kills the card."""
-    try:
-        return describe_tool_call(call)
-    except Exception:
-        logger.exception("describe_tool_call failed", extra={"tool": call.name, "call_id": call.call_id})
-        state = LineState.OK if call.finished else LineState.RUNNING
-        return ToolLine(call_id=call.call_id, name=call.name, summary=call.name, state=state)
-
-
 def tools_section(
     tools: tuple[ToolCall, ...], limits: Limits, langs: Langs, image_keys: Mapping[str, str]
 ) -> list[dict[str, Any]]:
@@ -188,7 +175,7 @@ def tools_section(
     pending_lines: list[Text] = list(head)
     bullets = [False] + [True] * (len(head) - 1)
     for call in shown:
-        line = describe(call)
+        line = line_for_call(call)
         summary = cap_params(line.summary, TOOL_PARAM_CHARS)
         panel = _panel_elements(line, limits, langs, image_keys)
         if panel is None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from feishu_progress.cards.actions import ACTIONS, CALLBACK_VERSION, decode_form_answers
+from feishu_progress.cards.callback_contract import ACTIONS, CALLBACK_VERSION, decode_form_answers
 from feishu_progress.config import Settings
 from feishu_progress.domain import Notice, TaskStatus
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent, ToastType

@@ -11,8 +11,8 @@ from typing import Any
 
 from feishu_progress.domain import AskOption, AskQuestion
 from feishu_progress.i18n import Msg
-from feishu_progress.tools._values import as_mapping, get_str
-from feishu_progress.tools.types import AskToolHeadline, AskToolView
+from feishu_progress.tools.readers import as_mapping, get_str
+from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
 ASK_TOOL_NAME = "asktool"
 # Rule 1: a provider namespace is written ``provider__tool`` or ``provider.tool``. A ``plugin:tool`` name

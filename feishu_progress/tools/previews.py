@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from feishu_progress.i18n import DEFAULT_LOCALE, Msg, Text, translate
-from feishu_progress.tools._values import as_int, as_mapping, get_str, shorten
+from feishu_progress.tools.readers import as_int, as_mapping, get_str, shorten
 
 # Free text (commands, queries, prompts, task descriptions) is cut for a one-line card header.
 TEXT_LIMIT = 80

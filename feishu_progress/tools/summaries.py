@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools._values import as_mapping, get_int, get_list, get_str, one_line
-from feishu_progress.tools.lines import count, failed, failure_of, label, with_detail
+from feishu_progress.tools.line_model import LineState
+from feishu_progress.tools.line_parts import count, failed, failure_of, label, with_detail
 from feishu_progress.tools.previews import input_preview_text, is_write_stdin, raw_str, task_number
-from feishu_progress.tools.types import LineState, WaitSummary
-from feishu_progress.tools.views import wait_summary
+from feishu_progress.tools.readers import as_mapping, get_int, get_list, get_str, one_line
+from feishu_progress.tools.view_models import WaitSummary
+from feishu_progress.tools.view_parsers import wait_summary
 
 Args = Mapping[str, Any]
 # §3.3: a failed create_scheduled_task line carries the first 20 characters of the task name.

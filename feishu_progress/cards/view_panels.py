@@ -10,11 +10,20 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from feishu_progress.cards.budget import Limits
 from feishu_progress.cards.escape import escape_block, escape_inline
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
 from feishu_progress.domain import AskQuestion
-from feishu_progress.tools.types import (
+from feishu_progress.tools.view_labels import (
+    format_image_bytes,
+    image_footer,
+    image_hidden,
+    mime_tag,
+    subagent_stats,
+    subagent_status_text,
+    wait_summary_msg,
+)
+from feishu_progress.tools.view_models import (
     AskAnswersView,
     AskToolView,
     ImageGridView,
@@ -23,15 +32,6 @@ from feishu_progress.tools.types import (
     SubagentRow,
     SubagentRowsView,
     ToolView,
-)
-from feishu_progress.tools.view_texts import (
-    format_image_bytes,
-    image_footer,
-    image_hidden,
-    mime_tag,
-    subagent_stats,
-    subagent_status_text,
-    wait_summary_msg,
 )
 
 MAX_GRID_IMAGES = 9

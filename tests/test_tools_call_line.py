@@ -1,4 +1,4 @@
-"""describe_tool_call: view vs raw result, and never raising on any input (hypothesis)."""
+"""line_for_call: view vs raw result, and never raising on any input (hypothesis)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,14 @@ from hypothesis import strategies as st
 from feishu_progress.domain import ToolCall
 from feishu_progress.i18n import Msg, all_messages, translate
 from feishu_progress.i18n.core import CATALOG_LOCALES
-from feishu_progress.tools.describe import describe_strictly, describe_tool_call
+from feishu_progress.tools.call_line import line_for_call, line_for_call_strictly
+from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.summaries import TOOLS
-from feishu_progress.tools.types import (
-    AskAnswersView,
-    ImageGridView,
-    LineState,
-    SubagentRowsView,
-    ToolLine,
-)
+from feishu_progress.tools.view_models import AskAnswersView, ImageGridView, SubagentRowsView
 
 
 def _finished(name: str, args: Any, result: Any) -> ToolLine:
-    return describe_tool_call(ToolCall("id-1", name, args, result, finished=True))
+    return line_for_call(ToolCall("id-1", name, args, result, finished=True))
 
 
 def test_image_result_gets_a_view_and_no_raw() -> None:
@@ -89,7 +84,7 @@ def test_raw_result_is_bounded() -> None:
 
 
 def test_running_call_ignores_any_result() -> None:
-    line = describe_tool_call(ToolCall("c", "shell", {"command": "ls"}, {"error": "x"}, finished=False))
+    line = line_for_call(ToolCall("c", "shell", {"command": "ls"}, {"error": "x"}, finished=False))
     assert line.state is LineState.RUNNING
     assert translate(line.summary) == "执行 ls"
 
@@ -110,10 +105,10 @@ def test_non_json_values_never_break_the_line() -> None:
 def test_the_safety_net_returns_a_generic_line() -> None:
     broken = ToolCall("c", "shell", {"command": "x"}, None, finished=True)
     object.__setattr__(broken, "args", _ExplodingMapping())
-    line = describe_tool_call(broken)
+    line = line_for_call(broken)
     assert translate(line.summary) == "调用 shell"
     with pytest.raises(RuntimeError):
-        describe_strictly(broken)
+        line_for_call_strictly(broken)
 
 
 class _ExplodingMapping(dict[str, Any]):
@@ -158,10 +153,10 @@ def _keys(text: Any) -> Iterator[str]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=tool_names, args=shaped_values, result=results, finished=st.booleans())
-def test_describe_never_raises_and_only_uses_catalog_keys(
+def test_line_for_call_never_raises_and_only_uses_catalog_keys(
     name: str, args: Any, result: Any, finished: bool
 ) -> None:
-    line = describe_strictly(ToolCall("c", name, args, result, finished=finished))
+    line = line_for_call_strictly(ToolCall("c", name, args, result, finished=finished))
     assert line.state in set(LineState)
     catalog = all_messages()
     for key in _keys(line.summary):

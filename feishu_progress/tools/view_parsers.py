@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from feishu_progress.tools._values import as_int, as_mapping, get_int, get_list, get_str, parse_result
-from feishu_progress.tools.types import (
+from feishu_progress.tools.readers import as_int, as_mapping, get_int, get_list, get_str, parse_result
+from feishu_progress.tools.view_models import (
     AskAnswer,
     AskAnswersView,
     ImageGridView,

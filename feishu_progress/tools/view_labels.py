@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from feishu_progress.i18n import Msg, Text
 from feishu_progress.tools.summaries import wait_summary_msg
-from feishu_progress.tools.types import ImageGridView, SubagentRow
+from feishu_progress.tools.view_models import ImageGridView, SubagentRow
 
 # D1: the grid shows at most 9 images (3×3).
 IMAGE_GRID_LIMIT = 9

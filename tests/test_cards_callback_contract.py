@@ -6,7 +6,12 @@ from typing import Any
 
 import pytest
 
-from feishu_progress.cards.actions import callback_value, decode_form_answers, field_name, other_field_name
+from feishu_progress.cards.callback_contract import (
+    callback_value,
+    decode_form_answers,
+    field_name,
+    other_field_name,
+)
 from feishu_progress.cards.escape import escape_inline, escape_markdown, plain_text, sanitize_inline_title
 from feishu_progress.domain import AskOption, AskQuestion, PendingAsk
 from feishu_progress.i18n import CATALOG_LOCALES

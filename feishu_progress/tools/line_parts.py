@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools._values import first_chars, get_str, one_line
+from feishu_progress.tools.readers import first_chars, get_str, one_line
 
 # Seed 000 §3.3: the reason is the first 40 characters of ``error``.
 REASON_LIMIT = 40

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from feishu_progress.i18n import translate
-from feishu_progress.tools.types import ImageItem, StatusKind, WaitSummary
-from feishu_progress.tools.view_texts import (
+from feishu_progress.tools.view_labels import (
     format_image_bytes,
     image_footer,
     image_hidden,
@@ -18,7 +17,8 @@ from feishu_progress.tools.view_texts import (
     subagent_status_text,
     wait_summary_msg,
 )
-from feishu_progress.tools.views import parse_ask_answers, parse_image_gen, parse_subagent_rows
+from feishu_progress.tools.view_models import ImageItem, StatusKind, WaitSummary
+from feishu_progress.tools.view_parsers import parse_ask_answers, parse_image_gen, parse_subagent_rows
 
 
 def _image(n: int) -> dict[str, Any]:
