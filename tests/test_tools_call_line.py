@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feishu_progress.domain import ToolCall
-from feishu_progress.i18n import Msg, all_messages, translate
-from feishu_progress.i18n.core import CATALOG_LOCALES
+from feishu_progress.i18n import CATALOG_LOCALES, Msg, all_messages, translate
 from feishu_progress.tools.call_line import line_for_call, line_for_call_strictly
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.summaries import TOOLS

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, plain_text
-from feishu_progress.i18n import Msg, Text, translate
+from feishu_progress.i18n import FEISHU_LOCALES, Msg, Text, translate
 
 # A piece of card text as a function of the locale: lets one line mix catalog words and user text.
 Render = Callable[[str], str]
-
-FEISHU_CARD_LOCALES = frozenset(
-    {
-        "zh_cn", "en_us", "zh_hk", "zh_tw", "ja_jp", "id_id", "vi_vn", "th_th",
-        "pt_br", "es_es", "ko_kr", "de_de", "fr_fr", "it_it", "ru_ru", "ms_my",
-    }
-)  # fmt: skip
 
 
 def md_text(text: Text, locale: str) -> str:
@@ -50,7 +43,7 @@ def _escaped_params(message: Msg, escape: Callable[[str], str]) -> Msg:
         else value
         for name, value in message.params.items()
     }
-    return Msg(message.key, params)
+    return replace(message, params=params)
 
 
 def cap_params(text: Text, limit: int) -> Text:
@@ -63,7 +56,7 @@ def cap_params(text: Text, limit: int) -> Text:
         name: cap_params(value, limit) if isinstance(value, Msg | str) else value
         for name, value in text.params.items()
     }
-    return Msg(text.key, params)
+    return replace(text, params=params)
 
 
 def _cap(text: str, limit: int) -> str:
@@ -83,7 +76,7 @@ class Langs:
     @property
     def config_locales(self) -> list[str]:
         """Only Feishu's own codes may appear in ``config.locales`` (not ``tr``)."""
-        return [code for code in self.locales if code in FEISHU_CARD_LOCALES]
+        return [code for code in self.locales if code in FEISHU_LOCALES]
 
     def fields(self, render: Render) -> dict[str, Any]:
         """``{"content": ..., "i18n_content": {...}}``; i18n only when some locale differs."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from feishu_progress.domain import AskOption, AskQuestion
-from feishu_progress.i18n import Msg
+from feishu_progress.i18n import Msg, plural
 from feishu_progress.tools.readers import as_mapping, get_str
 from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
@@ -162,8 +162,7 @@ def asktool_headline(view: AskToolView) -> Msg:
         AskToolHeadline.UNANSWERED: "view.asktool.summaryUnanswered",
         AskToolHeadline.PENDING: "view.asktool.summaryPending",
     }[view.headline]
-    key = f"{base}_one" if total == 1 else base
-    return Msg(key, {"total": total, "answered": view.answered})
+    return plural(base, "total", {"total": total, "answered": view.answered})
 
 
 def asktool_line(view: AskToolView) -> Msg:
