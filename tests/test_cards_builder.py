@@ -213,7 +213,7 @@ def test_title_is_cleaned_of_breaks_specials_and_length() -> None:
     assert "\n" not in title
     assert not set("*_~`[]<>|\\") & set(title)
     assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at ")
-    assert len(title) == 41 and title.endswith("…")
+    assert len(title) == 43 and title.endswith("长...")  # seed 002 cleanTitle: 40 + "..."
 
 
 def test_manager_cut_title_is_not_cut_again() -> None:
@@ -232,7 +232,11 @@ def test_manager_cut_title_is_not_cut_again() -> None:
         ("planner", "planner"),
         ("", "子代理"),
         (None, "子代理"),
-        ("x*y", "x y"),
+        ("code_writer", "code&#95;writer"),  # seed 002 §4.2.1: the raw value, shown as typed
+        ("x*y", "x&#42;y"),
+        ("a\nb  c", "a b c"),
+        ("<at id=all></at>", "&#60;at id=all&#62;&#60;/at&#62;"),
+        ("t" * 50, "t" * 40 + "..."),
     ],
 )
 def test_type_labels(agent_type: str | None, label: str) -> None:

@@ -37,6 +37,7 @@ from feishu_progress.cards.size import (
 from feishu_progress.cards.text import Langs, msg, plain
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.i18n import DEFAULT_LOCALE, Text
+from feishu_progress.i18n.user_text import cut_index, cut_text
 
 HEADER_TEMPLATES = {
     TaskStatus.RUNNING: "blue",
@@ -131,9 +132,9 @@ def _langs(model: CardModel) -> Langs:
 
 
 def _header(model: CardModel, langs: Langs, title_chars: int) -> dict[str, Any]:
-    title: Text = plain_text(model.title[: title_chars * 2]).strip()[:title_chars] or msg(
-        "card.title.default"
-    )
+    # Only the head of a huge title is ever shown: never clean a megabyte for it.
+    head = plain_text(model.title[: title_chars * 2]).strip()
+    title: Text = cut_text(head, title_chars) or msg("card.title.default")
     state_tag = {
         "tag": "text_tag",
         "text": langs.plain_msg(state_word(model.status)),
@@ -176,7 +177,8 @@ def _content_elements(
         return [{"tag": "markdown", "content": _render_content(content)}]
     budget = max(0, available - MARKER_RESERVE_BYTES)
     # Every character costs at least one byte: no prefix longer than the budget can fit.
-    shown = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
+    fitting = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
+    shown = cut_index(content, fitting)
     dropped = original_chars - shown
     elements = [{"tag": "markdown", "content": _render_content(content[:shown]).rstrip() or "…"}]
     elements.append(langs.md_msg(msg("card.truncated", count=dropped)))

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 
+from feishu_progress.i18n.user_text import one_line
+
 MAX_MARKDOWN_TABLES = 4
 
 _INLINE_ENTITIES = {
@@ -50,7 +52,6 @@ _DIRECT = tuple((char, entity) for char, entity in _INLINE_ENTITIES.items() if c
 _RESTORE = (("\x00A", "&#38;"), ("\x00H", "&#35;"))
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u2028\u2029\ufeff]")
 _CONTROL_AND_NEWLINES = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\ufeff]+")
-_SPACES = re.compile(r"\s+")
 _ENTITY_START = re.compile(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)")
 _IMAGE = re.compile(r"!\[")
 _NON_HTTP_LINK = re.compile(r"\[([^\[\]\n]*)\]\((?!\s*https?://)", re.IGNORECASE)
@@ -69,8 +70,7 @@ def plain_text(text: str) -> str:
 
 def escape_inline(text: str) -> str:
     """One line of untrusted text, rendered literally inside markdown."""
-    flat = _SPACES.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text)).strip()
-    return _entities(flat)
+    return _entities(one_line(text))
 
 
 def _entities(text: str) -> str:
@@ -88,8 +88,7 @@ def escape_block(text: str) -> str:
 
 def sanitize_inline_title(text: str) -> str:
     """Seed 002 sanitizeInlineTitle: control chars and ``* _ ~ ` [ ] < > | \\`` become spaces."""
-    cleaned = _TITLE_SPECIALS.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text))
-    return _SPACES.sub(" ", cleaned).strip()
+    return one_line(_TITLE_SPECIALS.sub(" ", text))
 
 
 def escape_markdown(text: str) -> str:
@@ -121,14 +120,3 @@ def close_open_fence(markdown: str) -> str:
     """Close a code fence left open by a cut, so the text after it is not swallowed into code."""
     fences = sum(1 for line in markdown.split("\n") if line.lstrip().startswith("```"))
     return markdown + "\n```" if fences % 2 else markdown
-
-
-def safe_cut(escaped: str, length: int) -> str:
-    """Cut escaped text at ``length`` characters without splitting a ``&#NN;`` entity."""
-    if length >= len(escaped):
-        return escaped
-    cut = escaped[:length]
-    amp = cut.rfind("&")
-    if amp != -1 and ";" not in cut[amp:]:
-        cut = cut[:amp]
-    return cut

@@ -18,6 +18,7 @@ from feishu_progress.cards.text import Langs, cap_params, md_text, msg
 from feishu_progress.cards.view_panels import inline
 from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
+from feishu_progress.i18n.user_text import ELLIPSIS, cut_text
 from feishu_progress.tools.approval import approval_title
 
 LABEL_CHARS = 100  # Feishu's limit on button / option text
@@ -77,7 +78,7 @@ def _question_elements(
     options = question.options[: limits.options]
     choices = [
         {
-            "text": {"tag": "plain_text", "content": plain_text(option.label[:LABEL_CHARS]).strip() or "-"},
+            "text": {"tag": "plain_text", "content": _option_text(option.label)},
             "value": str(i),
         }
         for i, option in enumerate(options)
@@ -100,6 +101,11 @@ def _question_elements(
         _input(langs, other_field_name(ask_index, question_index), msg("card.form.placeholder.other"))
     )
     return elements
+
+
+def _option_text(label: str) -> str:
+    # Feishu caps option text at LABEL_CHARS: the ellipsis must fit inside.
+    return cut_text(plain_text(label).strip(), LABEL_CHARS - len(ELLIPSIS)) or "-"
 
 
 def _input(langs: Langs, name: str, placeholder: Text) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The card's size budget: limits per shrink level, measurement, and byte-exact cutting.
+"""The card's size budget: limits per shrink level, measurement, and the longest prefix that fits.
 
 Feishu refuses a card over 30 KB, 200 elements or 5 levels. The builder renders with the most
 generous ``Limits`` first and steps down the ladder until the card fits ``TARGET_BYTES`` (a margin
@@ -74,10 +74,3 @@ def longest_prefix(text: str, max_bytes: int, size: Callable[[str], int]) -> int
         else:
             high = middle - 1
     return low
-
-
-def cut_chars(text: str, limit: int) -> tuple[str, int]:
-    """``text`` cut to ``limit`` characters, and how many were dropped."""
-    if len(text) <= limit:
-        return text, 0
-    return text[:limit], len(text) - limit

@@ -8,6 +8,7 @@ from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, plain_text
 from feishu_progress.i18n import FEISHU_LOCALES, Msg, Text, translate
+from feishu_progress.i18n.user_text import cut_text
 
 # A piece of card text as a function of the locale: lets one line mix catalog words and user text.
 Render = Callable[[str], str]
@@ -49,7 +50,7 @@ def _escaped_params(message: Msg, escape: Callable[[str], str]) -> Msg:
 def cap_params(text: Text, limit: int) -> Text:
     """Cut literal text and every string param to ``limit`` characters (an ellipsis shows the cut)."""
     if isinstance(text, str):
-        return _cap(text, limit)
+        return cut_text(text, limit)
     if not text.params:
         return text
     params = {
@@ -57,10 +58,6 @@ def cap_params(text: Text, limit: int) -> Text:
         for name, value in text.params.items()
     }
     return replace(text, params=params)
-
-
-def _cap(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from feishu_progress.cards.escape import escape_block, escape_inline
 from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
 from feishu_progress.domain import AskQuestion
+from feishu_progress.i18n.user_text import cut_index, cut_text
 from feishu_progress.tools.view_labels import (
     format_image_bytes,
     image_footer,
@@ -36,6 +37,8 @@ from feishu_progress.tools.view_models import (
 
 MAX_GRID_IMAGES = 9
 PROMPT_CHARS = 300
+LABEL_CHARS = 100  # a chosen label shown as a tag
+ROW_FIELD_CHARS = 40  # a subagent row's task id and type
 MAX_OPTIONS_LISTED = 100  # seed 001 shows every option; past this the budget would cut the card anyway
 
 _STATUS_COLOURS = {
@@ -66,9 +69,9 @@ def raw_result(text: str, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
 
 def block_render(text: str, limit: int) -> Callable[[str], str]:
     """``block`` for every locale, escaping the text only once."""
-    shown = text[:limit]
-    escaped = escape_block(shown)
-    dropped = len(text) - len(shown)
+    kept = cut_index(text, limit)
+    escaped = escape_block(text[:kept])
+    dropped = len(text) - kept
     if not dropped:
         return lambda _locale: escaped
     return lambda locale: escaped + "\n" + md_text(msg("card.truncated", count=dropped), locale)
@@ -81,10 +84,11 @@ def block(text: str, limit: int, locale: str) -> str:
 
 def inline(text: str, limit: int, locale: str) -> str:
     """Untrusted one-line text, escaped, cut to ``limit`` characters with a visible marker."""
-    if len(text) <= limit:
+    kept = cut_index(text, limit)
+    if kept == len(text):
         return escape_inline(text)
-    marker = md_text(msg("card.truncated", count=len(text) - limit), locale)
-    return escape_inline(text[:limit]) + " " + marker
+    marker = md_text(msg("card.truncated", count=len(text) - kept), locale)
+    return escape_inline(text[:kept]) + " " + marker
 
 
 def _more(count: int, locale: str) -> str:
@@ -163,7 +167,7 @@ def _answers_text(view: AskAnswersView, limits: Limits, locale: str) -> str:
     for answer in view.answers[: limits.view_items]:
         lines = [f"**{inline(answer.question, limits.view_chars, locale)}**"]
         if answer.labels:
-            lines.append(" ".join(_tag(label[:100], "blue") for label in answer.labels))
+            lines.append(" ".join(_tag(cut_text(label, LABEL_CHARS), "blue") for label in answer.labels))
         if answer.custom_input:
             quoted = block(answer.custom_input, limits.view_chars, locale)
             lines.extend("> " + line for line in quoted.split("\n"))
@@ -198,9 +202,9 @@ def subagent_rows(view: SubagentRowsView, limits: Limits, langs: Langs) -> list[
 
 
 def _row_line(row: SubagentRow, locale: str) -> str:
-    head = [f"#{escape_inline(row.task_id[:40])}" if row.task_id else "#?"]
+    head = [f"#{escape_inline(cut_text(row.task_id, ROW_FIELD_CHARS))}" if row.task_id else "#?"]
     if row.agent_type:
-        head.append(escape_inline(row.agent_type[:40]))
+        head.append(escape_inline(cut_text(row.agent_type, ROW_FIELD_CHARS)))
     status = md_text(cap_params(subagent_status_text(row), 40), locale) or "?"
     head.append(f"<text_tag color='{_STATUS_COLOURS.get(row.status_kind, 'neutral')}'>{status}</text_tag>")
     stats = [md_text(part, locale) for part in subagent_stats(row)]

@@ -9,10 +9,11 @@ from typing import Any
 
 from feishu_progress.domain import ToolCall
 from feishu_progress.i18n import Msg
+from feishu_progress.i18n.user_text import one_line
 from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.line_parts import failure_of, label
-from feishu_progress.tools.readers import as_mapping, compact_text, get_str, one_line, parse_result
+from feishu_progress.tools.readers import as_mapping, compact_text, get_str, parse_result
 from feishu_progress.tools.summaries import finished_summary, running_summary
 from feishu_progress.tools.view_models import ToolView
 from feishu_progress.tools.view_parsers import parse_ask_answers, parse_image_gen, parse_subagent_rows

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.i18n import Msg, Text, plural
-from feishu_progress.tools.readers import first_chars, get_str, one_line
+from feishu_progress.i18n.user_text import one_line
+from feishu_progress.tools.readers import first_chars, get_str
 
 # Seed 000 §3.3: the reason is the first 40 characters of ``error``.
 REASON_LIMIT = 40

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.i18n import Msg, Text
+from feishu_progress.i18n.user_text import cut_text, one_line
 from feishu_progress.tools.line_model import LineState
 from feishu_progress.tools.line_parts import count, failed, failure_of, label, with_detail
 from feishu_progress.tools.previews import input_preview_text, is_write_stdin, raw_str, task_number
-from feishu_progress.tools.readers import as_mapping, get_int, get_list, get_str, one_line
+from feishu_progress.tools.readers import as_mapping, get_int, get_list, get_str
 from feishu_progress.tools.view_models import WaitSummary
 from feishu_progress.tools.view_parsers import wait_summary
 
@@ -220,7 +221,9 @@ def _bare(verb: str) -> FailureLabel:
 
 
 def _create_failure_label(args: Args) -> Msg:
-    return label("tool.create_scheduled_task", raw_str(args, "name")[:CREATE_FAILURE_NAME_LIMIT])
+    return label(
+        "tool.create_scheduled_task", cut_text(raw_str(args, "name"), CREATE_FAILURE_NAME_LIMIT, ellipsis="")
+    )
 
 
 TOOLS: dict[str, ToolSpec] = {

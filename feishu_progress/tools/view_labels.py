@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from feishu_progress.i18n import Msg, Text
+from feishu_progress.i18n.user_text import cut_text
 from feishu_progress.tools.summaries import wait_summary_msg
 from feishu_progress.tools.view_models import ImageGridView, SubagentRow
 
 # D1: the grid shows at most 9 images (3×3).
 IMAGE_GRID_LIMIT = 9
 _KIB = 1024
+MIME_TAG_CHARS = 8  # PNG, JPEG, WEBP, SVG+XML: a badge, not a sentence
 _STATUS_WORDS = ("RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED")
 
 __all__ = [
@@ -54,7 +56,7 @@ def mime_tag(mime: str | None) -> str:
     """``image/png`` → ``PNG``; "" when there is no usable subtype."""
     if not mime or "/" not in mime:
         return ""
-    return mime.rsplit("/", 1)[-1].split(";", 1)[0].strip().upper()[:8]
+    return cut_text(mime.rsplit("/", 1)[-1].split(";", 1)[0].strip().upper(), MIME_TAG_CHARS, ellipsis="")
 
 
 def subagent_stats(row: SubagentRow) -> tuple[Msg, ...]:
