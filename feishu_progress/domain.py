@@ -112,11 +112,26 @@ class Notice(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class ImageRef:
-    """An image a tool produced, and the Feishu image_key it was uploaded as (if any)."""
+class CardState:
+    """The newest recorded state of a task's card: what the task service persists and restores."""
 
-    path: str
-    image_key: str | None = None
+    status: TaskStatus = TaskStatus.RUNNING
+    round: int = 0
+    content: str = ""
+    tools: tuple[ToolCall, ...] = ()
+    pending_asks: tuple[PendingAsk, ...] = ()
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    disliked: bool = False
+    notice: Notice | None = None
+    error: str = ""
+    image_keys: Mapping[str, str] = field(default_factory=dict)
+    finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
+
+
+def elapsed_ms(started_at: float, now: float, finished_at: float | None = None) -> int:
+    """Milliseconds from ``started_at`` to ``now`` (wall clock), frozen at ``finished_at``; never negative."""
+    end = finished_at if finished_at is not None else now
+    return max(0, int((end - started_at) * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +158,41 @@ class CardModel:
     locales: tuple[str, ...] = ("zh_cn", "en_us")
     session_detail_url: str | None = None
     image_keys: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(
+        cls,
+        state: CardState,
+        *,
+        session_id: int,
+        title: str,
+        locales: tuple[str, ...],
+        session_detail_url: str | None,
+        started_at: float,
+        now: float,
+        subagents: tuple[SubagentSummary, ...] = (),
+    ) -> CardModel:
+        """The one way to build a CardModel: a card's recorded state plus what never changes for it.
+
+        Running subagents are shown only while RUNNING (seed 002 §4.2.2: a terminal card has none),
+        and the elapsed time stops at ``state.finished_at``. ``now`` and ``started_at`` are wall-clock
+        seconds, read by the caller: the card builder reads no clock.
+        """
+        return cls(
+            session_id=session_id,
+            status=state.status,
+            round=state.round,
+            content=state.content,
+            title=title,
+            tools=state.tools,
+            subagents=subagents if state.status is TaskStatus.RUNNING else (),
+            elapsed_ms=elapsed_ms(started_at, now, state.finished_at),
+            pending_asks=state.pending_asks,
+            pending_approvals=state.pending_approvals,
+            disliked=state.disliked,
+            notice=state.notice,
+            error=state.error,
+            locales=locales,
+            session_detail_url=session_detail_url,
+            image_keys=state.image_keys,
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from feishu_progress.domain import (
@@ -24,6 +24,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
+from feishu_progress.domain import CardState as CardState  # noqa: PLC0414 (re-export: moved to domain.py)
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SubagentSource
 from feishu_progress.progress.scheduler import Delivery, DeliveryScheduler
@@ -44,23 +45,6 @@ class CardContext:
     locales: tuple[str, ...] = ("zh_cn", "en_us")
     session_detail_url: str | None = None  # already formatted for this session
     started_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class CardState:
-    """The newest recorded state of a card: what the task service persists and restores."""
-
-    status: TaskStatus = TaskStatus.RUNNING
-    round: int = 0
-    content: str = ""
-    tools: tuple[ToolCall, ...] = ()
-    pending_asks: tuple[PendingAsk, ...] = ()
-    pending_approvals: tuple[PendingApproval, ...] = ()
-    disliked: bool = False
-    notice: Notice | None = None
-    error: str = ""
-    image_keys: Mapping[str, str] = field(default_factory=dict)
-    finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
 
 
 class LiveCard:

@@ -13,6 +13,7 @@ from feishu_progress.domain import (
     AskOption,
     AskQuestion,
     CardModel,
+    CardState,
     Notice,
     PendingApproval,
     PendingAsk,
@@ -20,7 +21,6 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.progress.live_card import CardState
 from feishu_progress.runtime import events as ev
 
 # Streamed content is kept whole up to this size; past it the head is dropped with a marker (the card
