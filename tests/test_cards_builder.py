@@ -529,19 +529,22 @@ def test_image_grid_modes(monkeypatch: pytest.MonkeyPatch, count: int, tag: str,
         assert grid["combination_mode"] == mode
         assert [i["img_key"] for i in grid["img_list"]] == [f"img_v3_{i}" for i in range(min(count, 9))]
     notes = panel_of(card)["elements"][-1]["content"]
-    assert notes.startswith("1. PNG · 2 KB")
+    assert notes.startswith("1. 2 KB · PNG\n2. 4 KB · PNG" if count > 1 else "1. 2 KB · PNG\n")
     assert (translate(Msg("view.image.more", {"total": count, "hidden": count - 9})) in notes) == (count > 9)
 
 
-def test_images_without_key_are_listed_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
     fixed_lines(monkeypatch, generate_image=view_line(image_view(2), name="generate_image"))
     card = build_progress_card(
         model(tools=(ToolCall(call_id="1", name="generate_image"),), image_keys={"/u/0.png": "img_0"})
     )
     grid = next(node for node in tagged(panel_of(card)) if node["tag"] in ("img", "img_combination"))
     assert grid == {"tag": "img", "img_key": "img_0"}
-    notes = panel_of(card)["elements"][-1]["content"]
-    assert "/p/1.png" in notes.split("\n")[1]
+    notes = panel_of(card)["elements"][-1]["content"].split("\n")
+    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达"]
+    # Issue 15 item 1: which paths exist on the host is nobody's business in the chat.
+    shown = json.dumps(card, ensure_ascii=False)
+    assert "/p/1.png" not in shown and "/u/1.png" not in shown
     assert_valid(card)
 
 

@@ -16,7 +16,14 @@ from feishu_progress.tools.call_line import line_for_call, line_for_call_strictl
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.readers import RAW_RESULT_LIMIT
 from feishu_progress.tools.summaries import TOOLS
-from feishu_progress.tools.view_models import AskAnswersView, ImageGridView, SubagentRowsView
+from feishu_progress.tools.view_models import (
+    AskAnswer,
+    AskAnswersView,
+    ImageGridView,
+    ImageItem,
+    StatusKind,
+    SubagentRowsView,
+)
 
 
 def _finished(name: str, args: Any, result: Any) -> ToolLine:
@@ -25,23 +32,39 @@ def _finished(name: str, args: Any, result: Any) -> ToolLine:
 
 def test_image_result_gets_a_view_and_no_raw() -> None:
     line = _finished("generate_image", {"prompt": "猫"}, {"images": [{"image_url": "u"}], "model": "m"})
-    assert isinstance(line.view, ImageGridView)
-    assert line.view.prompt == "猫"
+    assert line.view == ImageGridView(
+        prompt="猫", model="m", size="", items=(ImageItem(url="u", path=None, size_bytes=None, mime=None),)
+    )
     assert line.raw_result is None
     assert (line.call_id, line.name) == ("id-1", "generate_image")
 
 
 def test_views_for_answers_and_subagents() -> None:
     answers = {"answers": [{"question": "Q", "selectedLabels": ["A"], "customInput": None}]}
-    assert isinstance(_finished("ask_user_questions", {}, answers).view, AskAnswersView)
-    rows = {"background_subagents": [{"taskId": 1, "status": "RUNNING"}]}
-    assert isinstance(_finished("check_subagent", {}, rows).view, SubagentRowsView)
+    line = _finished("ask_user_questions", {}, answers)
+    assert line.view == AskAnswersView(answers=(AskAnswer(question="Q", labels=("A",), custom_input=""),))
+    rows = {"background_subagents": [{"taskId": 1, "status": "RUNNING", "totalRounds": 2}]}
+    view = _finished("check_subagent", {}, rows).view
+    assert isinstance(view, SubagentRowsView)
+    assert [(row.task_id, row.status, row.status_kind, row.rounds) for row in view.rows] == [
+        ("1", "RUNNING", StatusKind.RUNNING, 2)
+    ]
+    assert view.wait is None
 
 
-def test_view_tool_with_unexpected_shape_shows_raw() -> None:
-    line = _finished("generate_image", {"prompt": "猫"}, {"data": [{"b64": "..."}]})
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"data": [{"b64": "..."}]},
+        # Seed 000 D7: a first image without a string image_url is not an image view.
+        {"images": [{"image_path": "/data/a.png"}, {"image_url": "u"}]},
+        {"images": [{"image_url": 7}]},
+    ],
+)
+def test_view_tool_with_unexpected_shape_shows_raw(result: dict[str, Any]) -> None:
+    line = _finished("generate_image", {"prompt": "猫"}, result)
     assert line.view is None
-    assert line.raw_result == '{"data":[{"b64":"..."}]}'
+    assert line.raw_result is not None and json.loads(line.raw_result) == result
 
 
 def test_wait_without_timeout_keeps_results_raw() -> None:

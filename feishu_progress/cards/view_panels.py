@@ -136,22 +136,27 @@ def _image_element(keys: list[str]) -> dict[str, Any]:
 def _image_notes(
     view: ImageGridView, shown: tuple[ImageItem, ...], image_keys: Mapping[str, str], locale: str
 ) -> str:
-    lines = []
-    for number, item in enumerate(shown, start=1):
-        facts = [
-            escape_inline(fact) for fact in (mime_tag(item.mime), format_image_bytes(item.size_bytes)) if fact
-        ]
-        line = f"{number}. " + " · ".join(facts) if facts else f"{number}."
-        if _image_key(item, image_keys) is None:
-            where = item.path or item.url or ""
-            unreachable = md_text(msg("view.image.unreachable"), locale)
-            line = f"{line} {unreachable}: {inline(where, 300, locale)}"
-        lines.append(line)
+    lines = [_image_note(number, item, image_keys, locale) for number, item in enumerate(shown, start=1)]
     hidden = image_hidden(view, limit=len(shown))
     if hidden is not None:
         lines.append(md_text(hidden, locale))
     lines.append(md_text(cap_params(image_footer(view), 80), locale))
     return "\n".join(lines)
+
+
+def _image_note(number: int, item: ImageItem, image_keys: Mapping[str, str], locale: str) -> str:
+    """``1. 2 KB · PNG`` (seed 000 step 3: size, then type), and 图片不可达 when it has no key.
+
+    An unreachable image never shows its path or URL: that would tell the chat which paths exist on
+    the host (issue 15 item 1).
+    """
+    badge = [
+        escape_inline(fact) for fact in (format_image_bytes(item.size_bytes), mime_tag(item.mime)) if fact
+    ]
+    line = f"{number}. " + " · ".join(badge) if badge else f"{number}."
+    if _image_key(item, image_keys) is None:
+        line = f"{line} {md_text(msg('view.image.unreachable'), locale)}"
+    return line
 
 
 # -- ask answers (ask_user_questions result) ---------------------------------------------------
