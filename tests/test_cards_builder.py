@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -574,6 +575,17 @@ def test_subagent_rows_view_nests_recent_output(monkeypatch: pytest.MonkeyPatch)
     assert nesting_depth(card) == 3
 
 
+def asktool_card(view: AskToolView, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> dict[str, Any]:
+    fixed_lines(monkeypatch, asktool=view_line(view, name="asktool"))
+    return build_progress_card(model(tools=(ToolCall(call_id="1", name="asktool"),), **changes))
+
+
+def asktool_text(card: dict[str, Any]) -> str:
+    (element,) = panel_of(card)["elements"]
+    text: str = element["content"]
+    return text
+
+
 def test_asktool_summary_view(monkeypatch: pytest.MonkeyPatch) -> None:
     questions = (
         AskQuestion("优先哪部分?", (AskOption("性能"), AskOption("视觉"))),
@@ -581,20 +593,88 @@ def test_asktool_summary_view(monkeypatch: pytest.MonkeyPatch) -> None:
         AskQuestion("跳过的题", (AskOption("x"),)),
     )
     view = AskToolView(questions, (("视觉",), ("demo", "自己写的"), None), False, AskToolHeadline.ANSWERED, 2)
-    fixed_lines(monkeypatch, asktool=view_line(view, name="asktool"))
-    card = build_progress_card(model(tools=(ToolCall(call_id="1", name="asktool"),)))
+    card = asktool_card(view, monkeypatch)
     assert_valid(card)
     assert not [n for n in tagged(panel_of(card)) if n["tag"] in ("button", "input", "select_static")]
-    text = panel_of(card)["elements"][0]["content"]
-    blocks = text.split("\n\n")
-    assert blocks[0].split("\n") == [
-        f"**1.** 优先哪部分? · {translate(Msg('view.asktool.kindSingle'))}",
-        "✓ 视觉",
-        "☐ 性能",
-        "☑ **视觉**",
+    blocks = asktool_text(card).split("\n\n")
+    assert blocks[0] == "**问答**"  # seed 001 §4.5: the block's label
+    assert blocks[1].split("\n") == ["**1.** 单选 · 优先哪部分?", "✓ 视觉", "☐ 性能", "☑ **视觉**"]
+    assert blocks[2].split("\n") == [
+        "**2.** 多选 · 还想看?",
+        "✓ demo、自己写的",
+        "✎ 输入的其他答案: 自己写的",
+        "☑ **demo**",
+        "☐ 截图",
     ]
-    assert f"✎ {translate(Msg('view.asktool.answerCustom'))}: 自己写的" in blocks[1]
-    assert translate(Msg("view.asktool.answerSkipped")) in blocks[2]
+    assert blocks[3].split("\n") == ["**3.** 单选 · 跳过的题", "已跳过", "☐ x"]
+    assert len(blocks) == 4  # nothing was cut, so no 会话详情 line
+
+
+def test_asktool_question_is_markdown_but_neutralised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 001 R3: **粗体** is bold (it read &#42;&#42;粗体&#42;&#42;); tags, images, odd links stay dead."""
+    text = "**粗体** <at id=all></at> ![i](img_x) [l](javascript:x)\n# 标题\n```py\nopen fence"
+    view = AskToolView((AskQuestion(text, (AskOption("*a*"),)),), (None,), True, AskToolHeadline.PENDING, 0)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    lines = asktool_text(card).split("\n\n", 1)[1].split("\n")
+    dead = "&#60;at id=all>&#60;/at> !&#91;i](img_x) &#91;l&#93;(javascript:x)"
+    assert lines[0] == f"**1.** 单选 · **粗体** {dead}"
+    assert lines[1:5] == ["#### 标题", "```py", "open fence", "```"]  # the open fence is closed
+    assert lines[5:] == ["等待回答", "☐ &#42;a&#42;"]  # options and answers stay literal
+
+
+def test_asktool_shows_every_question_and_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A-2 / A-8: no cap on questions or options while the card fits (it showed 20 questions)."""
+    options = tuple(AskOption(f"o{i}") for i in range(30))
+    questions = tuple(AskQuestion(f"q{i}", options) for i in range(25))
+    view = AskToolView(questions, (None,) * 25, True, AskToolHeadline.PENDING, 0)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    text = asktool_text(card)
+    assert [line for line in text.split("\n") if line.startswith("**")][1:] == [
+        f"**{i + 1}.** 单选 · q{i}" for i in range(25)
+    ]
+    assert text.count("☐ o") == 25 * 30
+    assert "会话详情" not in text
+
+
+def test_asktool_cuts_only_the_longest_texts_when_the_card_must(monkeypatch: pytest.MonkeyPatch) -> None:
+    """§4.10 order: the longest free texts are cut first, the rest stay whole, the card says where it is."""
+    long_question, long_answer = "问" * 20_000, "答" * 9_000
+    questions = (
+        AskQuestion(long_question, (AskOption("短选项"), AskOption("另一个"))),
+        *(AskQuestion(f"短问题 {i}", (AskOption(f"选项 {i}"),)) for i in range(24)),
+    )
+    answers = ((long_answer,), *((f"选项 {i}",) for i in range(24)))
+    view = AskToolView(questions, answers, False, AskToolHeadline.ANSWERED, 25)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    assert card_bytes(card) <= 28 * 1024
+    text = asktool_text(card)
+    for i in range(24):
+        assert f"**{i + 2}.** 单选 · 短问题 {i}\n✓ 选项 {i}\n☑ **选项 {i}**" in text
+    assert "☐ 短选项\n☐ 另一个" in text
+    head = text.split("\n")[2]
+    kept_question = head.removeprefix("**1.** 单选 · ")
+    assert kept_question.startswith("问") and kept_question.endswith("…")
+    kept_answer = next(line for line in text.split("\n") if line.startswith("✓ 答"))
+    assert len(kept_answer) == len(kept_question) + 2  # both cut to the same fair length
+    dropped = len(long_question) + 2 * len(long_answer) - 3 * (len(kept_question) - 1)
+    assert text.endswith(f"…(已截断 {dropped:,} 字,完整内容见会话详情)")
+
+
+def test_unparseable_asktool_keeps_output_and_questions() -> None:
+    """Seed 001 A-5 / R5: the result text and the questions block (the questions vanished)."""
+    args = {"questions": [{"question": "Q1?", "options": ["a", "b"]}]}
+    call = ToolCall(call_id="1", name="asktool", args=args, result="对不上的文本 <b>", finished=True)
+    card = build_progress_card(model(tools=(call,)))
+    assert_valid(card)
+    panel = panel_of(card)
+    assert panel["header"]["title"]["content"] == "调用 asktool"
+    output, questions = (element["content"] for element in panel["elements"])
+    assert output == "**输出**\n对不上的文本 &#60;b&#62;"
+    assert questions.startswith("**输入**\n")
+    assert json.loads(html.unescape(questions.removeprefix("**输入**\n"))) == args
 
 
 # -- budget and degraded card ----------------------------------------------------------------

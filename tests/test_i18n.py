@@ -24,7 +24,7 @@ from feishu_progress.i18n.plurals import RULES, Operands, operands, plural_categ
 from feishu_progress.tools.line_parts import count
 
 MESSAGES = all_messages()
-PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.")
+PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.", "view.raw.")
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "feishu_progress"
 NOT_KEYS = {"card.action.trigger"}  # Feishu's event type, not a catalog key
 # Keys whose text is only placeholders, units or product names are the same in every language

@@ -91,7 +91,7 @@ def sanitize_inline_title(text: str) -> str:
     return one_line(_TITLE_SPECIALS.sub(" ", text))
 
 
-def escape_markdown(text: str) -> str:
+def escape_markdown(text: str, *, max_tables: int = MAX_MARKDOWN_TABLES) -> str:
     """Streamed agent markdown: rendered, but with no live tag, image, odd link or oversized part."""
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     text = _ENTITY_START.sub("&#38;", text)
@@ -99,10 +99,19 @@ def escape_markdown(text: str) -> str:
     text = _IMAGE.sub("!&#91;", text)
     text = _NON_HTTP_LINK.sub(lambda match: "&#91;" + match.group(1) + "&#93;(", text)
     text = _HEADING.sub(r"\1####", text)
-    return _limit_tables(text)
+    return _limit_tables(text, max_tables)
 
 
-def _limit_tables(text: str) -> str:
+def escape_question(text: str) -> str:
+    """A question the agent wrote, rendered as markdown (seed 001 R3) with the content's neutralisation.
+
+    Several questions share one markdown element (which takes four tables at most), so a question
+    never renders a table; a fence it leaves open is closed so the next line is not swallowed.
+    """
+    return close_open_fence(escape_markdown(text, max_tables=0).strip())
+
+
+def _limit_tables(text: str, max_tables: int) -> str:
     if "-" not in text or "|" not in text:
         return text
     lines = text.split("\n")
@@ -110,7 +119,7 @@ def _limit_tables(text: str) -> str:
     for index, line in enumerate(lines):
         if _TABLE_DELIMITER.match(line):
             tables += 1
-            if tables > MAX_MARKDOWN_TABLES:
+            if tables > max_tables:
                 # A delimiter row without "-" is no delimiter: the table renders as text lines.
                 lines[index] = line.replace("-", "&#45;")
     return "\n".join(lines)

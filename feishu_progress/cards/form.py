@@ -15,7 +15,7 @@ from feishu_progress.cards.callback_contract import (
 from feishu_progress.cards.escape import plain_text
 from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.view_panels import inline
+from feishu_progress.cards.view_panels import inline, question_markdown
 from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
 from feishu_progress.i18n.user_text import ELLIPSIS, cut_text
@@ -68,7 +68,8 @@ def _question_elements(
     number = question_index + 1
 
     def title(locale: str) -> str:
-        return f"**{number}.** {inline(question.question, QUESTION_CHARS, locale)}"
+        # The same question reads the same here and in the asktool summary: markdown (seed 001 R3).
+        return f"**{number}.** {question_markdown(question.question, QUESTION_CHARS, locale)}"
 
     elements = [langs.markdown(title)]
     name = field_name(ask_index, question_index)

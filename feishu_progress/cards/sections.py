@@ -8,7 +8,7 @@ from typing import Any
 from feishu_progress.cards.escape import escape_inline, sanitize_inline_title
 from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_result, render_view
+from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_blocks, render_view
 from feishu_progress.domain import CardModel, Notice, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import Msg, Text
 from feishu_progress.i18n.user_text import cut_text, one_line
@@ -201,8 +201,8 @@ def _panel_elements(
         return None
     if line.view is not None:
         return render_view(line.view, limits, langs, image_keys)
-    if line.raw_result:
-        return raw_result(line.raw_result, limits, langs)
+    if line.raw_result or line.raw_args:
+        return raw_blocks(line.raw_result, line.raw_args, limits, langs)
     return None
 
 

@@ -1,4 +1,4 @@
-"""Rich views under a tool line: image grid, answers, subagent rows, asktool summary, raw result.
+"""Rich views under a tool line: image grid, answers, subagent rows, raw result (asktool: asktool_panel).
 
 Each renderer returns the elements that go inside the tool's collapsible panel. They never hold an
 interactive element, never show raw JSON, and cut long text only with a visible marker.
@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from feishu_progress.cards.escape import escape_block, escape_inline
+from feishu_progress.cards.asktool_panel import asktool_panel
+from feishu_progress.cards.escape import escape_block, escape_inline, escape_question
 from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.domain import AskQuestion
+from feishu_progress.i18n import Msg
 from feishu_progress.i18n.user_text import cut_index, cut_text
 from feishu_progress.tools.view_labels import (
     format_image_bytes,
@@ -26,7 +27,6 @@ from feishu_progress.tools.view_labels import (
 )
 from feishu_progress.tools.view_models import (
     AskAnswersView,
-    AskToolView,
     ImageGridView,
     ImageItem,
     StatusKind,
@@ -39,7 +39,6 @@ MAX_GRID_IMAGES = 9
 PROMPT_CHARS = 300
 LABEL_CHARS = 100  # a chosen label shown as a tag
 ROW_FIELD_CHARS = 40  # a subagent row's task id and type
-MAX_OPTIONS_LISTED = 100  # seed 001 shows every option; past this the budget would cut the card anyway
 
 _STATUS_COLOURS = {
     StatusKind.RUNNING: "blue",
@@ -59,12 +58,24 @@ def render_view(
         return ask_answers(view, limits, langs)
     if isinstance(view, SubagentRowsView):
         return subagent_rows(view, limits, langs)
-    return asktool_summary(view, limits, langs)
+    return asktool_panel(view, limits, langs)
 
 
-def raw_result(text: str, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
-    """A result the tools room could not turn into a view, shown as literal text."""
-    return [langs.markdown(block_render(text, limits.view_chars))]
+def raw_blocks(result: str | None, args: str | None, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """What the tools room could not turn into a view, as literal text: the result, and the arguments
+    when they matter (seed 001 A-5: 输出 and the questions), each under its label when both are there."""
+    if args is None:
+        return [langs.markdown(block_render(result or "", limits.view_chars))]
+    blocks = [("view.raw.output", result), ("view.raw.input", args)]
+    return [
+        langs.markdown(partial(_labelled_block, msg(key), block_render(text, limits.view_chars)))
+        for key, text in blocks
+        if text
+    ]
+
+
+def _labelled_block(label: Msg, body: Callable[[str], str], locale: str) -> str:
+    return f"**{md_text(label, locale)}**\n{body(locale)}"
 
 
 def block_render(text: str, limit: int) -> Callable[[str], str]:
@@ -89,6 +100,15 @@ def inline(text: str, limit: int, locale: str) -> str:
         return escape_inline(text)
     marker = md_text(msg("card.truncated", count=len(text) - kept), locale)
     return escape_inline(text[:kept]) + " " + marker
+
+
+def question_markdown(text: str, limit: int, locale: str) -> str:
+    """A question the agent wrote, as neutralised markdown (seed 001 R3), cut with a visible marker."""
+    kept = cut_index(text, limit)
+    rendered = escape_question(text[:kept])
+    if kept == len(text):
+        return rendered
+    return rendered + "\n" + md_text(msg("card.truncated", count=len(text) - kept), locale)
 
 
 def _more(count: int, locale: str) -> str:
@@ -222,64 +242,6 @@ def _rows_footer(view: SubagentRowsView, hidden: int, locale: str) -> str:
     lines = [_more(hidden, locale)] if hidden > 0 else []
     if view.wait is not None:
         lines.append(md_text(wait_summary_msg(view.wait), locale))
-    return "\n".join(lines)
-
-
-# -- asktool answer summary (seed 001) ---------------------------------------------------------
-
-
-def asktool_summary(view: AskToolView, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
-    """Per question: number, question, answers ✓, every option with the chosen ones marked."""
-    return [langs.markdown(lambda locale: _asktool_text(view, limits, locale))]
-
-
-def _asktool_text(view: AskToolView, limits: Limits, locale: str) -> str:
-    declined = not view.pending and all(answer is None for answer in view.answers)
-    none_key = "view.asktool.answerPending" if view.pending else "view.asktool.answerSkipped"
-    if declined:
-        none_key = "view.asktool.answerDeclined"
-    shown = view.questions[: limits.view_items]
-    parts = []
-    for number, question in enumerate(shown, start=1):
-        answer = view.answers[number - 1] if number - 1 < len(view.answers) else None
-        parts.append(
-            _asktool_question(number, question, answer, none_key=none_key, limits=limits, locale=locale)
-        )
-    hidden = len(view.questions) - len(shown)
-    if hidden > 0:
-        parts.append(_more(hidden, locale))
-    return "\n\n".join(parts)
-
-
-def _asktool_question(
-    number: int,
-    question: AskQuestion,
-    answer: tuple[str, ...] | None,
-    *,
-    none_key: str,
-    limits: Limits,
-    locale: str,
-) -> str:
-    kind = "view.asktool.kindMulti" if question.multi_select else "view.asktool.kindSingle"
-    lines = [
-        f"**{number}.** {inline(question.question, limits.view_chars, locale)} · {md_text(msg(kind), locale)}"
-    ]
-    labels = [option.label for option in question.options]
-    if answer is None:
-        lines.append(md_text(msg(none_key), locale))
-    else:
-        chosen = "、".join(inline(value, limits.view_chars, locale) for value in answer)
-        lines.append(f"✓ {chosen}")
-        typed = [value for value in answer if value not in labels]
-        custom = md_text(msg("view.asktool.answerCustom"), locale)
-        lines.extend(f"✎ {custom}: {inline(value, limits.view_chars, locale)}" for value in typed)
-    chosen_set = set(answer or ())
-    for label in labels[:MAX_OPTIONS_LISTED]:
-        mark = "☑" if label in chosen_set else "☐"
-        text = inline(label, limits.view_chars, locale)
-        lines.append(f"{mark} **{text}**" if label in chosen_set else f"{mark} {text}")
-    if len(labels) > MAX_OPTIONS_LISTED:
-        lines.append(_more(len(labels) - MAX_OPTIONS_LISTED, locale))
     return "\n".join(lines)
 
 

@@ -5,12 +5,13 @@ Never raises: whatever the runtime reported, the card gets a line (a generic one
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from feishu_progress.domain import ToolCall
 from feishu_progress.i18n import Msg
 from feishu_progress.i18n.user_text import one_line
-from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool
+from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool, result_text
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.line_parts import failure_of, label
 from feishu_progress.tools.readers import as_mapping, compact_text, get_str, parse_result
@@ -51,12 +52,18 @@ def _finished_line(call: ToolCall, name: str) -> ToolLine:
 
 
 def _asktool_line(call: ToolCall, name: str) -> ToolLine:
-    view = parse_asktool(call.args, call.result if call.finished else None)
-    if view is None or (call.finished and view.pending):
-        # Seed 001 A-5: anything we cannot read with certainty falls back to the plain tool line.
-        return _plain_line(call, name)
-    state = LineState.OK if call.finished else LineState.RUNNING
-    return ToolLine(call.call_id, name, asktool_line(view), state, view=view)
+    failed = call.finished and failure_of(parse_result(call.result)) is not None
+    view = None if failed else parse_asktool(call.args, call.result if call.finished else None)
+    if view is not None:
+        # Rule 3: a finished call with no result text has no answer yet either: 等待回答, not 调用 asktool.
+        state = LineState.OK if call.finished else LineState.RUNNING
+        return ToolLine(call.call_id, name, asktool_line(view), state, view=view)
+    # A-5 / R5: what cannot be read with certainty (a failure, a text that does not match the questions,
+    # half-streamed arguments) keeps the old view: the plain line, the result text and the questions.
+    line = _plain_line(call, name)
+    text = result_text(call.result) if call.finished and not failed else None
+    raw_result = text if text and text.strip() else line.raw_result
+    return replace(line, raw_result=raw_result, raw_args=_raw(call.args) if call.args else None)
 
 
 def _plain_line(call: ToolCall, name: str) -> ToolLine:

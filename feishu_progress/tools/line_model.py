@@ -25,6 +25,8 @@ class ToolLine:
 
     ``raw_result`` holds the result as text when it should be shown collapsed (a view could not be
     built for a result that carries more than the line says): never lost, never raw JSON in a view.
+    ``raw_args`` holds the arguments as text when a view that reads them could not be built (seed 001
+    A-5: an asktool call that cannot be parsed keeps its questions visible, like its result).
     """
 
     call_id: str
@@ -33,3 +35,4 @@ class ToolLine:
     state: LineState
     view: ToolView | None = None
     raw_result: str | None = None
+    raw_args: str | None = None
