@@ -617,7 +617,7 @@ def test_asktool_question_is_markdown_but_neutralised(monkeypatch: pytest.Monkey
     card = asktool_card(view, monkeypatch)
     assert_valid(card)
     lines = asktool_text(card).split("\n\n", 1)[1].split("\n")
-    dead = "&#60;at id=all>&#60;/at> !&#91;i](img_x) &#91;l&#93;(javascript:x)"
+    dead = "&#60;at id=all>&#60;/at> !&#91;i&#93;(img_x) [l&#93;(javascript:x)"
     assert lines[0] == f"**1.** 单选 · **粗体** {dead}"
     assert lines[1:5] == ["#### 标题", "```py", "open fence", "```"]  # the open fence is closed
     assert lines[5:] == ["等待回答", "☐ &#42;a&#42;"]  # options and answers stay literal

@@ -10,10 +10,14 @@ Two strengths, chosen by where the text lands:
 * ``escape_markdown`` — for the agent's streamed content, which is markdown we *want* rendered
   (bold, lists, code, quotes, links). Only the dangerous parts are neutralised: every ``<`` becomes
   ``&#60;`` (so no HTML-like tag, ``<at id=all>`` in any casing/spacing included, can ever be
-  live), an ``&`` that starts an entity becomes ``&#38;`` (so ``&#60;at`` cannot be smuggled in),
-  images (``![x](key)`` — a bad key makes Feishu refuse the whole card) and non-http(s) links are
-  defused, h1–h3 are demoted to h4 and only the first four tables stay tables (Feishu refuses a
-  markdown element with more). Control characters are dropped.
+  live, nor any ``<...>`` autolink), an ``&`` that starts an entity becomes ``&#38;`` (so ``&#60;at``
+  cannot be smuggled in), images (``![x](key)`` — a bad key makes Feishu refuse the whole card)
+  are defused, and so is every link whose destination is not http(s) (Feishu supports only those):
+  the ``]`` of every ``](`` that does not lead to ``http(s)://`` becomes ``&#93;``, whatever the
+  link text holds (brackets, line breaks), and every ``]:`` too, so no reference definition
+  (``[r]: lark://x``, in a quote or a list as well) can exist. h1–h3 are demoted to h4 and only the
+  first four tables stay tables (Feishu refuses a markdown element with more). Control characters
+  are dropped.
 
 Plain-text fields (``plain_text`` titles, buttons, options) are not markdown: Feishu shows them
 literally, so ``plain_text`` never entity-escapes. It still turns a tag-like ``<`` into the
@@ -54,7 +58,10 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u2028\u2029\ufeff]")
 _CONTROL_AND_NEWLINES = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\ufeff]+")
 _ENTITY_START = re.compile(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)")
 _IMAGE = re.compile(r"!\[")
-_NON_HTTP_LINK = re.compile(r"\[([^\[\]\n]*)\]\((?!\s*https?://)", re.IGNORECASE)
+# A link needs a literal "](" (inline) or "]:" (reference definition): the "]" is what we defuse.
+# An escaped "\]" is taken too, so a renderer that ignores backslash escapes cannot be fooled either.
+_LINK_TARGET = re.compile(r"\\?\](?:\s*\(\s*|:)")
+_WEB_DESTINATION = re.compile(r"https?://", re.IGNORECASE)
 _HEADING = re.compile(r"^( {0,3})#{1,3}(?=\s)", re.MULTILINE)
 _TABLE_DELIMITER = re.compile(
     r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$|^[ \t]*\|[ \t]*:?-+:?[ \t]*\|?[ \t]*$"
@@ -97,7 +104,7 @@ def escape_markdown(text: str, *, max_tables: int = MAX_MARKDOWN_TABLES) -> str:
     text = _ENTITY_START.sub("&#38;", text)
     text = text.replace("<", "&#60;")
     text = _IMAGE.sub("!&#91;", text)
-    text = _NON_HTTP_LINK.sub(lambda match: "&#91;" + match.group(1) + "&#93;(", text)
+    text = _defuse_links(text)
     text = _HEADING.sub(r"\1####", text)
     return _limit_tables(text, max_tables)
 
@@ -109,6 +116,20 @@ def escape_question(text: str) -> str:
     never renders a table; a fence it leaves open is closed so the next line is not swallowed.
     """
     return close_open_fence(escape_markdown(text, max_tables=0).strip())
+
+
+def _defuse_links(text: str) -> str:
+    """Every link target but http(s) made literal text; a definition never survives (see module doc)."""
+    if "]" not in text:
+        return text
+
+    def defuse(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if not token.endswith(":") and _WEB_DESTINATION.match(text, match.end()):
+            return token
+        return "&#93;" + token.lstrip("\\")[1:]
+
+    return _LINK_TARGET.sub(defuse, text)
 
 
 def _limit_tables(text: str, max_tables: int) -> str:
