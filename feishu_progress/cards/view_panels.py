@@ -17,6 +17,7 @@ from feishu_progress.cards.text import Langs, cap_params, md_text, msg
 from feishu_progress.i18n import Msg
 from feishu_progress.i18n.user_text import cut_index, cut_text
 from feishu_progress.tools.view_labels import (
+    IMAGE_GRID_LIMIT,
     format_image_bytes,
     image_footer,
     image_hidden,
@@ -35,7 +36,6 @@ from feishu_progress.tools.view_models import (
     ToolView,
 )
 
-MAX_GRID_IMAGES = 9
 PROMPT_CHARS = 300
 LABEL_CHARS = 100  # a chosen label shown as a tag
 ROW_FIELD_CHARS = 40  # a subagent row's task id and type
@@ -122,7 +122,7 @@ def image_grid(
     view: ImageGridView, limits: Limits, langs: Langs, image_keys: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """Up to 9 images as an img / img_combination, then sizes, unreachable ones and a footer."""
-    shown = view.items[: min(MAX_GRID_IMAGES, limits.images)]
+    shown = view.items[: min(IMAGE_GRID_LIMIT, limits.images)]
     keys = [key for item in shown if (key := _image_key(item, image_keys))]
     elements: list[dict[str, Any]] = []
     if view.prompt:

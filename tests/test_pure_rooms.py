@@ -1,7 +1,8 @@
-"""Pure rooms import no I/O library: checked in a fresh interpreter, where nothing was loaded before."""
+"""Pure rooms: no I/O library loaded (checked in a fresh interpreter), no function over 60 lines."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -65,3 +66,23 @@ def test_pure_module_loads_no_io_library(module: str) -> None:
 def test_the_probe_sees_an_io_import() -> None:
     """The check can fail: a module that does I/O is reported."""
     assert "sqlalchemy" in loaded_io_modules("feishu_progress.subagents.query")
+
+
+PURE_ROOMS = ("cards", "tools", "i18n", "subagents/titles.py", "domain.py")
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_a_pure_room_is_over_60_lines() -> None:
+    package = ROOT / "feishu_progress"
+    paths = [path for room in PURE_ROOMS for path in sorted((package / room).glob("**/*.py"))]
+    paths += [package / room for room in PURE_ROOMS if room.endswith(".py")]
+    assert len(paths) > 20
+    long_ones = [
+        f"{path.relative_to(package)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long_ones == []
