@@ -33,7 +33,7 @@ from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.ports import Clock
-from feishu_progress.progress.live_card import CardContext, card_model
+from feishu_progress.progress.live_card import CardContext
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.state import TaskState
 from feishu_progress.subagents.manager import SubagentManager
@@ -109,7 +109,7 @@ class NaiveService:
         context = CardContext(
             state.session_id, state.message_id or "", state.title, started_at=state.started_at
         )
-        return card_model(context, state.card_state(), tuple(card.subagents), self.clock.wall())
+        return context.model(state.card_state(), tuple(card.subagents), self.clock.wall())
 
     async def create_task(self, request: web.Request) -> web.Response:
         assert self.tasks_repo is not None and self.client is not None

@@ -11,27 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-# Feishu's card locale codes (reference/feishu-platform.md §8).
-FEISHU_LOCALES: tuple[str, ...] = (
-    "zh_cn",
-    "en_us",
-    "zh_hk",
-    "zh_tw",
-    "ja_jp",
-    "id_id",
-    "vi_vn",
-    "th_th",
-    "pt_br",
-    "es_es",
-    "ko_kr",
-    "de_de",
-    "fr_fr",
-    "it_it",
-    "ru_ru",
-    "ms_my",
-)
-# Turkish has a catalog but no Feishu per-viewer code: a deployment may pick it as the single language.
-SINGLE_LANGUAGE_LOCALES: tuple[str, ...] = ("tr",)
+from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 
 
 def _blank_is_unset(value: object) -> object:

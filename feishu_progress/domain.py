@@ -130,6 +130,12 @@ class CardState:
     finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
 
 
+def elapsed_ms(started_at: float, now: float, finished_at: float | None = None) -> int:
+    """Milliseconds from ``started_at`` to ``now`` (wall clock), frozen at ``finished_at``; never negative."""
+    end = finished_at if finished_at is not None else now
+    return max(0, int((end - started_at) * 1000))
+
+
 @dataclass(frozen=True, slots=True)
 class CardModel:
     """Everything the progress card is built from. Pure data: the builder reads no clock.
@@ -156,3 +162,43 @@ class CardModel:
     locales: tuple[str, ...] = ("zh_cn", "en_us")
     session_detail_url: str | None = None
     image_keys: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(
+        cls,
+        state: CardState,
+        *,
+        session_id: int,
+        title: str,
+        locales: tuple[str, ...],
+        session_detail_url: str | None,
+        started_at: float,
+        now: float,
+        subagents: tuple[SubagentSummary, ...] = (),
+    ) -> CardModel:
+        """The one way to build a CardModel: a card's recorded state plus what never changes for it.
+
+        Running subagents are shown only while RUNNING (seed 002 §4.2.2: a terminal card has none),
+        and the elapsed time stops at ``state.finished_at``. ``now`` and ``started_at`` are wall-clock
+        seconds, read by the caller: the card builder reads no clock.
+        """
+        return cls(
+            session_id=session_id,
+            status=state.status,
+            round=state.round,
+            content=state.content,
+            content_chars=state.content_chars,
+            title=title,
+            tools=state.tools,
+            earlier_tools=state.earlier_tools,
+            subagents=subagents if state.status is TaskStatus.RUNNING else (),
+            elapsed_ms=elapsed_ms(started_at, now, state.finished_at),
+            pending_asks=state.pending_asks,
+            pending_approvals=state.pending_approvals,
+            disliked=state.disliked,
+            notice=state.notice,
+            error=state.error,
+            locales=locales,
+            session_detail_url=session_detail_url,
+            image_keys=state.image_keys,
+        )

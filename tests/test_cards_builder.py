@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -33,18 +34,17 @@ from feishu_progress.domain import (
     ToolCall,
 )
 from feishu_progress.i18n import Msg, translate
-from feishu_progress.tools.types import (
+from feishu_progress.tools.line_model import LineState, ToolLine
+from feishu_progress.tools.view_models import (
     AskAnswer,
     AskAnswersView,
     AskToolHeadline,
     AskToolView,
     ImageGridView,
     ImageItem,
-    LineState,
     StatusKind,
     SubagentRow,
     SubagentRowsView,
-    ToolLine,
     ToolView,
     WaitSummary,
 )
@@ -116,12 +116,12 @@ def subagent(
 
 
 def fixed_lines(monkeypatch: pytest.MonkeyPatch, **by_name: ToolLine) -> None:
-    """Make describe_tool_call return given lines: these tests are about cards/, not tools/."""
+    """Make line_for_call return given lines: these tests are about cards/, not tools/."""
 
-    def describe(call: ToolCall) -> ToolLine:
+    def fixed(call: ToolCall) -> ToolLine:
         return by_name[call.name]
 
-    monkeypatch.setattr(sections, "describe_tool_call", describe)
+    monkeypatch.setattr(sections, "line_for_call", fixed)
 
 
 def view_line(view: ToolView | None = None, raw: str | None = None, name: str = "t") -> ToolLine:
@@ -214,7 +214,7 @@ def test_title_is_cleaned_of_breaks_specials_and_length() -> None:
     assert "\n" not in title
     assert not set("*_~`[]<>|\\") & set(title)
     assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at ")
-    assert len(title) == 41 and title.endswith("…")
+    assert len(title) == 43 and title.endswith("长...")  # seed 002 cleanTitle: 40 + "..."
 
 
 def test_manager_cut_title_is_not_cut_again() -> None:
@@ -233,7 +233,11 @@ def test_manager_cut_title_is_not_cut_again() -> None:
         ("planner", "planner"),
         ("", "子代理"),
         (None, "子代理"),
-        ("x*y", "x y"),
+        ("code_writer", "code&#95;writer"),  # seed 002 §4.2.1: the raw value, shown as typed
+        ("x*y", "x&#42;y"),
+        ("a\nb  c", "a b c"),
+        ("<at id=all></at>", "&#60;at id=all&#62;&#60;/at&#62;"),
+        ("t" * 50, "t" * 40 + "..."),
     ],
 )
 def test_type_labels(agent_type: str | None, label: str) -> None:
@@ -526,19 +530,22 @@ def test_image_grid_modes(monkeypatch: pytest.MonkeyPatch, count: int, tag: str,
         assert grid["combination_mode"] == mode
         assert [i["img_key"] for i in grid["img_list"]] == [f"img_v3_{i}" for i in range(min(count, 9))]
     notes = panel_of(card)["elements"][-1]["content"]
-    assert notes.startswith("1. PNG · 2 KB")
+    assert notes.startswith("1. 2 KB · PNG\n2. 4 KB · PNG" if count > 1 else "1. 2 KB · PNG\n")
     assert (translate(Msg("view.image.more", {"total": count, "hidden": count - 9})) in notes) == (count > 9)
 
 
-def test_images_without_key_are_listed_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
     fixed_lines(monkeypatch, generate_image=view_line(image_view(2), name="generate_image"))
     card = build_progress_card(
         model(tools=(ToolCall(call_id="1", name="generate_image"),), image_keys={"/u/0.png": "img_0"})
     )
     grid = next(node for node in tagged(panel_of(card)) if node["tag"] in ("img", "img_combination"))
     assert grid == {"tag": "img", "img_key": "img_0"}
-    notes = panel_of(card)["elements"][-1]["content"]
-    assert "/p/1.png" in notes.split("\n")[1]
+    notes = panel_of(card)["elements"][-1]["content"].split("\n")
+    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达"]
+    # Issue 15 item 1: which paths exist on the host is nobody's business in the chat.
+    shown = json.dumps(card, ensure_ascii=False)
+    assert "/p/1.png" not in shown and "/u/1.png" not in shown
     assert_valid(card)
 
 
@@ -568,6 +575,17 @@ def test_subagent_rows_view_nests_recent_output(monkeypatch: pytest.MonkeyPatch)
     assert nesting_depth(card) == 3
 
 
+def asktool_card(view: AskToolView, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> dict[str, Any]:
+    fixed_lines(monkeypatch, asktool=view_line(view, name="asktool"))
+    return build_progress_card(model(tools=(ToolCall(call_id="1", name="asktool"),), **changes))
+
+
+def asktool_text(card: dict[str, Any]) -> str:
+    (element,) = panel_of(card)["elements"]
+    text: str = element["content"]
+    return text
+
+
 def test_asktool_summary_view(monkeypatch: pytest.MonkeyPatch) -> None:
     questions = (
         AskQuestion("优先哪部分?", (AskOption("性能"), AskOption("视觉"))),
@@ -575,20 +593,88 @@ def test_asktool_summary_view(monkeypatch: pytest.MonkeyPatch) -> None:
         AskQuestion("跳过的题", (AskOption("x"),)),
     )
     view = AskToolView(questions, (("视觉",), ("demo", "自己写的"), None), False, AskToolHeadline.ANSWERED, 2)
-    fixed_lines(monkeypatch, asktool=view_line(view, name="asktool"))
-    card = build_progress_card(model(tools=(ToolCall(call_id="1", name="asktool"),)))
+    card = asktool_card(view, monkeypatch)
     assert_valid(card)
     assert not [n for n in tagged(panel_of(card)) if n["tag"] in ("button", "input", "select_static")]
-    text = panel_of(card)["elements"][0]["content"]
-    blocks = text.split("\n\n")
-    assert blocks[0].split("\n") == [
-        f"**1.** 优先哪部分? · {translate(Msg('view.asktool.kindSingle'))}",
-        "✓ 视觉",
-        "☐ 性能",
-        "☑ **视觉**",
+    blocks = asktool_text(card).split("\n\n")
+    assert blocks[0] == "**问答**"  # seed 001 §4.5: the block's label
+    assert blocks[1].split("\n") == ["**1.** 单选 · 优先哪部分?", "✓ 视觉", "☐ 性能", "☑ **视觉**"]
+    assert blocks[2].split("\n") == [
+        "**2.** 多选 · 还想看?",
+        "✓ demo、自己写的",
+        "✎ 输入的其他答案: 自己写的",
+        "☑ **demo**",
+        "☐ 截图",
     ]
-    assert f"✎ {translate(Msg('view.asktool.answerCustom'))}: 自己写的" in blocks[1]
-    assert translate(Msg("view.asktool.answerSkipped")) in blocks[2]
+    assert blocks[3].split("\n") == ["**3.** 单选 · 跳过的题", "已跳过", "☐ x"]
+    assert len(blocks) == 4  # nothing was cut, so no 会话详情 line
+
+
+def test_asktool_question_is_markdown_but_neutralised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 001 R3: **粗体** is bold (it read &#42;&#42;粗体&#42;&#42;); tags, images, odd links stay dead."""
+    text = "**粗体** <at id=all></at> ![i](img_x) [l](javascript:x)\n# 标题\n```py\nopen fence"
+    view = AskToolView((AskQuestion(text, (AskOption("*a*"),)),), (None,), True, AskToolHeadline.PENDING, 0)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    lines = asktool_text(card).split("\n\n", 1)[1].split("\n")
+    dead = "&#60;at id=all>&#60;/at> !&#91;i&#93;(img_x) [l&#93;(javascript:x)"
+    assert lines[0] == f"**1.** 单选 · **粗体** {dead}"
+    assert lines[1:5] == ["#### 标题", "```py", "open fence", "```"]  # the open fence is closed
+    assert lines[5:] == ["等待回答", "☐ &#42;a&#42;"]  # options and answers stay literal
+
+
+def test_asktool_shows_every_question_and_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A-2 / A-8: no cap on questions or options while the card fits (it showed 20 questions)."""
+    options = tuple(AskOption(f"o{i}") for i in range(30))
+    questions = tuple(AskQuestion(f"q{i}", options) for i in range(25))
+    view = AskToolView(questions, (None,) * 25, True, AskToolHeadline.PENDING, 0)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    text = asktool_text(card)
+    assert [line for line in text.split("\n") if line.startswith("**")][1:] == [
+        f"**{i + 1}.** 单选 · q{i}" for i in range(25)
+    ]
+    assert text.count("☐ o") == 25 * 30
+    assert "会话详情" not in text
+
+
+def test_asktool_cuts_only_the_longest_texts_when_the_card_must(monkeypatch: pytest.MonkeyPatch) -> None:
+    """§4.10 order: the longest free texts are cut first, the rest stay whole, the card says where it is."""
+    long_question, long_answer = "问" * 20_000, "答" * 9_000
+    questions = (
+        AskQuestion(long_question, (AskOption("短选项"), AskOption("另一个"))),
+        *(AskQuestion(f"短问题 {i}", (AskOption(f"选项 {i}"),)) for i in range(24)),
+    )
+    answers = ((long_answer,), *((f"选项 {i}",) for i in range(24)))
+    view = AskToolView(questions, answers, False, AskToolHeadline.ANSWERED, 25)
+    card = asktool_card(view, monkeypatch)
+    assert_valid(card)
+    assert card_bytes(card) <= 28 * 1024
+    text = asktool_text(card)
+    for i in range(24):
+        assert f"**{i + 2}.** 单选 · 短问题 {i}\n✓ 选项 {i}\n☑ **选项 {i}**" in text
+    assert "☐ 短选项\n☐ 另一个" in text
+    head = text.split("\n")[2]
+    kept_question = head.removeprefix("**1.** 单选 · ")
+    assert kept_question.startswith("问") and kept_question.endswith("…")
+    kept_answer = next(line for line in text.split("\n") if line.startswith("✓ 答"))
+    assert len(kept_answer) == len(kept_question) + 2  # both cut to the same fair length
+    dropped = len(long_question) + 2 * len(long_answer) - 3 * (len(kept_question) - 1)
+    assert text.endswith(f"…(已截断 {dropped:,} 字,完整内容见会话详情)")
+
+
+def test_unparseable_asktool_keeps_output_and_questions() -> None:
+    """Seed 001 A-5 / R5: the result text and the questions block (the questions vanished)."""
+    args = {"questions": [{"question": "Q1?", "options": ["a", "b"]}]}
+    call = ToolCall(call_id="1", name="asktool", args=args, result="对不上的文本 <b>", finished=True)
+    card = build_progress_card(model(tools=(call,)))
+    assert_valid(card)
+    panel = panel_of(card)
+    assert panel["header"]["title"]["content"] == "调用 asktool"
+    output, questions = (element["content"] for element in panel["elements"])
+    assert output == "**输出**\n对不上的文本 &#60;b&#62;"
+    assert questions.startswith("**输入**\n")
+    assert json.loads(html.unescape(questions.removeprefix("**输入**\n"))) == args
 
 
 # -- budget and degraded card ----------------------------------------------------------------

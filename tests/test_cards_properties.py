@@ -1,15 +1,17 @@
-"""Property tests: any input gives a valid card within Feishu's limits and with no foreign tag."""
+"""Property tests: any input gives a valid card within Feishu's limits, no foreign tag, no odd link."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feishu_progress.cards.actions import decode_form_answers
-from feishu_progress.cards.budget import TARGET_BYTES
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.callback_contract import decode_form_answers
+from feishu_progress.cards.escape import escape_markdown
+from feishu_progress.cards.size import TARGET_BYTES
 from feishu_progress.cards.validate import card_bytes, card_problems
 from feishu_progress.domain import (
     AskOption,
@@ -22,7 +24,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from tests.test_cards_builder import foreign_tags
+from tests.test_cards_builder import OUR_TAGS, foreign_tags, rendered_texts, tagged
 
 ATTACKS = [
     "<at id=all></at>",
@@ -40,6 +42,10 @@ ATTACKS = [
     "<raw>",
     "![i](img_bad)",
     "[l](javascript:x)",
+    "[a[b]c](javascript:x)",
+    "[a\nb](lark://x)",
+    "[r]: lark://x",
+    "<javascript:x>",
     "**",
     "```",
     "| a |\n|---|",
@@ -134,10 +140,96 @@ models = st.builds(
 )
 
 
+def live_links(markdown: str) -> list[str]:
+    """Non-web link targets a markdown renderer could still act on, as snippets (empty: none).
+
+    Every CommonMark construct that makes a link needs literal syntax, never an entity: an inline
+    link a literal "](" (we allow whitespace between, for lenient renderers), a reference definition
+    a literal "]:", an autolink a literal "<", an image a literal "![". So the oracle is exact for
+    what it checks: a "](" whose destination is not http(s), or any of the other three, is a live link.
+    """
+    found = [
+        markdown[match.start() : match.end() + 16]
+        for match in _INLINE_TARGET.finditer(markdown)
+        if not _WEB.match(markdown, match.end())
+    ]
+    found.extend(token for token in ("]:", "<", "![") if token in markdown)
+    return found
+
+
+_INLINE_TARGET = re.compile(r"\]\s*\(\s*")
+_WEB = re.compile(r"https?://", re.IGNORECASE)
+
+
 def check(card: dict[str, Any]) -> None:
     assert card_problems(card) == []
     assert card_bytes(card) <= TARGET_BYTES
     assert foreign_tags(card) == []
+    for text in markdown_texts(card):
+        assert live_links(OUR_TAGS.sub("", text)) == [], text
+
+
+def markdown_texts(card: dict[str, Any]) -> list[str]:
+    """Every text that Feishu renders as markdown (plain_text fields show "](" literally)."""
+    nodes = [node for node in tagged(card) if node.get("tag") == "markdown"]
+    return [text for node in nodes for text in rendered_texts(node)]
+
+
+# -- issue 15 item 9: links in the streamed markdown ----------------------------------------------
+
+link_text = st.lists(
+    st.sampled_from(["a", "[", "]", "\n", "b c", "`", "*", "\\", "(", ")", "!", "]:", "长"]), max_size=8
+).map("".join)
+destination = st.one_of(
+    st.sampled_from(
+        [
+            "javascript:alert(1)",
+            "JavaScript:x",
+            "lark://applink/x",
+            "data:text/html,x",
+            "mailto:a@b.c",
+            "//evil.example",
+            "http:/x",
+            "&#106;avascript:x",
+            "<javascript:x>",
+            "<https://ok.example>",
+            "https://ok.example/p",
+            "HTTP://ok.example",
+        ]
+    ),
+    st.text(max_size=12),
+)
+spacing = st.sampled_from(["", " ", "\n", " \n ", "\t"])
+link = st.one_of(
+    st.builds(lambda t, a, b, d: f"[{t}]{a}({b}{d})", link_text, spacing, spacing, destination),
+    st.builds(lambda t, d: f"![{t}]({d})", link_text, destination),
+    st.builds(lambda t, a, d: f"[{t}]:{a}{d}", link_text, spacing, destination),
+    st.builds(
+        lambda q, t, d: f"{q}[{t}]: {d}", st.sampled_from(["> ", "- ", "1. ", "   "]), link_text, destination
+    ),
+    st.builds(lambda t, d: f"[{t}][r]\n\n[r]: {d}", link_text, destination),
+    st.builds(lambda d: f"<{d}>", destination),
+)
+markdown_with_links = st.lists(st.one_of(link, st.text(max_size=10)), max_size=6).map("".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(markdown_with_links)
+def test_escaped_markdown_has_no_live_link_but_http(markdown: str) -> None:
+    assert live_links(escape_markdown(markdown)) == []
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_characters="[]<>&!\\\r\n"), max_size=20))
+def test_web_links_survive(text: str) -> None:
+    link = f"[{text}](https://ok.example/p)"
+    assert f"]({'https://ok.example/p'})" in escape_markdown(f"see {link} and more")
+
+
+def test_the_oracle_sees_a_live_link() -> None:
+    assert live_links("[a](javascript:x)") == ["](javascript:x)"]
+    assert live_links("[r]: lark://x") == ["]:"]
+    assert live_links("[a](https://ok)") == []
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,15 +1,30 @@
-"""Every catalog: nine real locales per key, consistent placeholders, and every key the code refers to."""
+"""Every catalog: nine real locales per key, matching placeholders, every key the code uses, plurals."""
 
 from __future__ import annotations
 
 import re
 import string
 from pathlib import Path
+from typing import Any
 
-from feishu_progress.i18n.core import CATALOG_LOCALES, all_messages
+import pytest
+
+from feishu_progress.cards.builder import build_progress_card
+from feishu_progress.domain import CardModel, TaskStatus, ToolCall
+from feishu_progress.i18n import (
+    CARD_LOCALES,
+    CATALOG_LOCALES,
+    FEISHU_LOCALES,
+    SINGLE_LANGUAGE_LOCALES,
+    all_messages,
+    plural,
+    translate,
+)
+from feishu_progress.i18n.plurals import RULES, Operands, operands, plural_category
+from feishu_progress.tools.line_parts import count
 
 MESSAGES = all_messages()
-PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.")
+PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.", "view.raw.")
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "feishu_progress"
 NOT_KEYS = {"card.action.trigger"}  # Feishu's event type, not a catalog key
 # Keys whose text is only placeholders, units or product names are the same in every language
@@ -59,3 +74,101 @@ def test_every_literal_key_in_the_code_exists() -> None:
     literals = {key for key in literals if not key.endswith(".")} - NOT_KEYS
     missing = {key for key in literals if key not in MESSAGES and key + ".one" not in MESSAGES}
     assert not missing
+
+
+# -- plural rules (CLDR cardinal, plurals.xml sample values) -----------------------------------------
+
+CLDR_SAMPLES: dict[str, dict[str, tuple[int | float, ...]]] = {
+    "zh_cn": {"other": (0, 1, 2, 1.5, 1_000_000)},
+    "zh_tw": {"other": (0, 1, 2, 1.5, 1_000_000)},
+    "ko_kr": {"other": (0, 1, 2, 1.5, 1_000_000)},
+    "en_us": {"one": (1,), "other": (0, 2, 16, 100, 1000, 1.0, 0.5, 1.5, 1_000_000)},
+    "de_de": {"one": (1,), "other": (0, 2, 16, 100, 1000, 1.0, 0.5, 1.5, 1_000_000)},
+    "es_es": {"one": (1, 1.0), "many": (1_000_000, 2_000_000), "other": (0, 2, 16, 100, 0.5, 1.5, 1000)},
+    "fr_fr": {"one": (0, 1, 0.5, 1.5), "many": (1_000_000, 3_000_000), "other": (2, 16, 100, 1000, 2.5)},
+    "pt_br": {"one": (0, 1, 0.5, 1.5), "many": (1_000_000, 3_000_000), "other": (2, 16, 100, 1000, 2.5)},
+    "tr": {"one": (1, 1.0), "other": (0, 2, 16, 100, 1000, 0.5, 1.5, 1_000_000)},
+}
+
+
+def test_every_catalog_locale_has_a_plural_rule() -> None:
+    assert set(RULES) == set(CATALOG_LOCALES)
+    assert set(CLDR_SAMPLES) == set(CATALOG_LOCALES)
+
+
+@pytest.mark.parametrize("locale", CATALOG_LOCALES)
+def test_plural_rule_matches_the_cldr_samples(locale: str) -> None:
+    for category, numbers in CLDR_SAMPLES[locale].items():
+        for number in numbers:
+            assert plural_category(locale, number) == category, (locale, number)
+
+
+def test_operands_follow_cldr() -> None:
+    assert operands(-3) == Operands(n=3, i=3, v=0)
+    assert operands(1.0) == Operands(n=1.0, i=1, v=1)  # "1.0": a visible fraction digit
+    assert operands(12.25) == Operands(n=12.25, i=12, v=2)
+    assert plural_category("en_us", float("inf")) == "other"
+
+
+PLURAL_KEYS = sorted(key.removesuffix(".one") for key in MESSAGES if key.endswith(".one"))
+
+
+def _expected_form(key: str, locale: str, number: int | float) -> str:
+    form = f"{key}.{plural_category(locale, number)}"
+    return MESSAGES[form if form in MESSAGES else f"{key}.other"][locale]
+
+
+@pytest.mark.parametrize("key", PLURAL_KEYS)
+def test_every_one_other_pair_translates_by_the_locale_rule(key: str) -> None:
+    assert key not in MESSAGES  # only the forms exist: a bare key would shadow the choice
+    params: dict[str, Any] = dict.fromkeys(_fields(MESSAGES[f"{key}.other"]["zh_cn"]), 0)
+    (count_param,) = [name for name in params if name in ("n", "total")]
+    for locale in CATALOG_LOCALES:
+        for number in (0, 1, 2, 1_000_000):
+            values = {**params, count_param: number}
+            rendered = translate(plural(key, count_param, values), locale)
+            assert rendered == _expected_form(key, locale, number).format(**values), (key, locale, number)
+
+
+def test_zero_is_singular_in_french_and_brazilian_portuguese_only() -> None:
+    lines = count("tool.detail.lines", 0)
+    assert translate(lines, "fr_fr") == "0 ligne"
+    assert translate(lines, "pt_br") == "0 linha"
+    assert translate(lines, "en_us") == "0 lines"
+    assert translate(lines, "de_de") == "0 Zeilen"
+    assert translate(count("tool.detail.lines", 1), "en_us") == "1 line"
+    assert translate(count("tool.detail.lines", 2), "fr_fr") == "2 lignes"
+
+
+def test_a_locale_without_a_catalog_reads_english_with_the_english_rule() -> None:
+    assert translate(count("tool.detail.lines", 0), "ja_jp") == "0 lines"
+    assert translate(count("tool.detail.lines", 1), "ja_jp") == "1 line"
+
+
+def test_plural_choice_survives_escaping_and_capping_in_a_card() -> None:
+    calls = (
+        ToolCall("a", "read_file", {"path": "x.py"}, "", finished=True),
+        ToolCall("b", "read_file", {"path": "y.py"}, "a\nb\n", finished=True),
+    )
+    card = build_progress_card(
+        CardModel(session_id=1, status=TaskStatus.RUNNING, round=1, tools=calls, locales=("fr_fr", "en_us"))
+    )
+    tools = next(e for e in card["body"]["elements"] if "x.py" in e.get("content", ""))
+    assert tools["content"].endswith("- Lire x.py (0 ligne)\n- Lire y.py (2 lignes)")
+    assert tools["i18n_content"]["en_us"].endswith("- Read x.py (0 lines)\n- Read y.py (2 lines)")
+
+
+# -- one list of locales ------------------------------------------------------------------------------
+
+
+def test_locale_lists_live_in_i18n_only() -> None:
+    """No module but i18n/locales.py spells out Feishu's codes (one list, imported everywhere)."""
+    spelled = re.compile(r'"(?:zh_hk|ja_jp|id_id|vi_vn|th_th|it_it|ru_ru|ms_my)"')
+    offenders = [
+        str(path.relative_to(PACKAGE_DIR))
+        for path in PACKAGE_DIR.rglob("*.py")
+        if spelled.search(path.read_text(encoding="utf-8")) and path.name != "locales.py"
+    ]
+    assert offenders == []
+    assert set(CATALOG_LOCALES) <= set(CARD_LOCALES)
+    assert tuple(code for code in CATALOG_LOCALES if code not in FEISHU_LOCALES) == SINGLE_LANGUAGE_LOCALES

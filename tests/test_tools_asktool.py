@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from feishu_progress.domain import AskOption, ToolCall
+from feishu_progress.domain import AskOption, AskQuestion, ToolCall
 from feishu_progress.i18n import translate
 from feishu_progress.tools.asktool import (
     asktool_headline,
@@ -15,8 +16,9 @@ from feishu_progress.tools.asktool import (
     parse_asktool,
     parse_questions,
 )
-from feishu_progress.tools.describe import describe_tool_call
-from feishu_progress.tools.types import AskToolHeadline, AskToolView, LineState
+from feishu_progress.tools.call_line import line_for_call
+from feishu_progress.tools.line_model import LineState
+from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
 ARGS = {
     "questions": [
@@ -81,10 +83,56 @@ def test_t4_full_width_colon_inside_the_question() -> None:
 )
 def test_t5_truncated_or_mismatched_text_falls_back(result: str) -> None:
     assert parse_asktool(ARGS, result) is None
-    line = describe_tool_call(ToolCall("c", "asktool", ARGS, result, finished=True))
+    line = line_for_call(ToolCall("c", "asktool", ARGS, result, finished=True))
     assert line.view is None
     assert line.raw_result == result  # never silently drop text
+    assert line.raw_args is not None and json.loads(line.raw_args) == ARGS  # the questions stay
     assert translate(line.summary) == "调用 asktool"
+
+
+def test_t5_envelope_that_does_not_match_shows_its_text_not_its_json() -> None:
+    envelope = {"content": "完全对不上的文本", "details": {"x": 1}}
+    line = line_for_call(ToolCall("c", "asktool", ARGS, envelope, finished=True))
+    assert (line.view, line.raw_result) == (None, "完全对不上的文本")
+    assert line.raw_args is not None and json.loads(line.raw_args) == ARGS
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"questions": [{"question": ""}]},
+        {"questions": [{"options": ["a"]}]},
+        {"questions": []},
+    ],
+)
+def test_half_streamed_args_show_what_has_arrived(args: dict[str, Any]) -> None:
+    line = line_for_call(ToolCall("c", "asktool", args, None, finished=False))
+    assert line.view is None
+    assert line.state is LineState.RUNNING
+    assert line.raw_args is not None and json.loads(line.raw_args) == args
+    assert line.raw_result is None
+
+
+def test_nothing_streamed_yet_shows_no_empty_block() -> None:
+    line = line_for_call(ToolCall("c", "asktool", None, None, finished=False))
+    assert (line.view, line.raw_args, line.raw_result) == (None, None, None)
+
+
+@pytest.mark.parametrize("result", [None, {"details": {}}, {"content": None}, 42])
+def test_rule_3_finished_without_result_text_is_waiting_for_an_answer(result: Any) -> None:
+    line = line_for_call(ToolCall("c", "asktool", ARGS, result, finished=True))
+    assert translate(line.summary) == "提问 · 2 个问题 · 等待回答"  # not 调用 asktool
+    assert line.state is LineState.OK
+    assert line.view == parse_asktool(ARGS, None)
+    assert line.raw_args is None
+
+
+def test_a_failed_asktool_says_why_and_keeps_its_questions() -> None:
+    line = line_for_call(ToolCall("c", "asktool", ARGS, {"error": "用户关闭了对话框"}, finished=True))
+    assert translate(line.summary) == "调用 asktool (失败: 用户关闭了对话框)"
+    assert line.state is LineState.FAILED
+    assert line.view is None
+    assert line.raw_args is not None and json.loads(line.raw_args) == ARGS
 
 
 @pytest.mark.parametrize(
@@ -105,7 +153,7 @@ def test_t7_running_with_complete_questions_is_pending() -> None:
     assert view.answers == (None, None)
     assert view.headline is AskToolHeadline.PENDING
     assert translate(asktool_headline(view)) == "2 个问题 · 等待回答"
-    line = describe_tool_call(ToolCall("c", "asktool", ARGS, None, finished=False))
+    line = line_for_call(ToolCall("c", "asktool", ARGS, None, finished=False))
     assert line.state is LineState.RUNNING
     assert translate(line.summary) == "提问 · 2 个问题 · 等待回答"
     assert line.view == view
@@ -151,9 +199,15 @@ def test_no_valid_question_is_none(args: Any) -> None:
 
 def test_finished_line_and_english_singular() -> None:
     args = {"questions": [{"question": "Go?", "options": ["yes", "no"]}]}
-    line = describe_tool_call(ToolCall("c", "asktool", args, "Go?：yes", finished=True))
+    line = line_for_call(ToolCall("c", "asktool", args, "Go?：yes", finished=True))
     assert line.state is LineState.OK
-    assert isinstance(line.view, AskToolView)
+    assert line.view == AskToolView(
+        questions=(AskQuestion("Go?", (AskOption("yes"), AskOption("no"))),),
+        answers=(("yes",),),
+        pending=False,
+        headline=AskToolHeadline.ANSWERED,
+        answered=1,
+    )
     assert translate(line.summary) == "提问 · 1 个问题 · 已作答 1 / 1"
     assert translate(line.summary, "en_us") == "Asked · 1 question · answered 1 / 1"
     assert line.raw_result is None

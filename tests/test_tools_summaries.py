@@ -8,8 +8,8 @@ import pytest
 
 from feishu_progress.domain import ToolCall
 from feishu_progress.i18n import translate
-from feishu_progress.tools.describe import describe_tool_call
-from feishu_progress.tools.types import LineState
+from feishu_progress.tools.call_line import line_for_call
+from feishu_progress.tools.line_model import LineState
 
 LONG_ERROR = (
     "这是一个非常长的错误信息,用来验证失败原因只保留前四十个字符,后面的内容都不会出现在工具行里面了对吧"
@@ -389,7 +389,7 @@ GOLDEN: list[tuple[str, dict[str, Any], Any, str, LineState]] = [
 
 
 def _line(name: str, args: Any, result: Any, finished: bool = True) -> Any:
-    return describe_tool_call(ToolCall(call_id="c1", name=name, args=args, result=result, finished=finished))
+    return line_for_call(ToolCall(call_id="c1", name=name, args=args, result=result, finished=finished))
 
 
 @pytest.mark.parametrize(("name", "args", "result", "expected", "state"), GOLDEN, ids=[g[3] for g in GOLDEN])

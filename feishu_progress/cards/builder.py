@@ -3,7 +3,7 @@
 Order of the body (seed 002 §10.2): status line · notice · waiting hint · content · error ·
 subagents (RUNNING only) · 本轮工具 · hr + forms + approvals · button row.
 
-Budget (see budget.py): the card is assembled without the streamed content at the most generous
+Size budget (see size.py): the card is assembled without the streamed content at the most generous
 ``Limits`` level that leaves room under the target, then the content takes the bytes left over,
 cut with a visible marker. If even the smallest level does not fit, the degraded card is returned.
 """
@@ -12,16 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from feishu_progress.cards.budget import (
-    LEVELS,
-    MAX_CONTENT_SCAN,
-    MIN_CONTENT_BYTES,
-    TARGET_BYTES,
-    Limits,
-    fits,
-    json_bytes,
-    longest_prefix,
-)
 from feishu_progress.cards.escape import close_open_fence, escape_markdown, plain_text
 from feishu_progress.cards.form import action_buttons, interactive_sections
 from feishu_progress.cards.sections import (
@@ -34,9 +24,20 @@ from feishu_progress.cards.sections import (
     tools_section,
     waiting_hint,
 )
+from feishu_progress.cards.size import (
+    LEVELS,
+    MAX_CONTENT_SCAN,
+    MIN_CONTENT_BYTES,
+    TARGET_BYTES,
+    Limits,
+    fits,
+    json_bytes,
+    longest_prefix,
+)
 from feishu_progress.cards.text import Langs, msg, plain
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.i18n import DEFAULT_LOCALE, Text
+from feishu_progress.i18n.user_text import cut_index, cut_text
 
 HEADER_TEMPLATES = {
     TaskStatus.RUNNING: "blue",
@@ -132,9 +133,9 @@ def _langs(model: CardModel) -> Langs:
 
 
 def _header(model: CardModel, langs: Langs, title_chars: int) -> dict[str, Any]:
-    title: Text = plain_text(model.title[: title_chars * 2]).strip()[:title_chars] or msg(
-        "card.title.default"
-    )
+    # Only the head of a huge title is ever shown: never clean a megabyte for it.
+    head = plain_text(model.title[: title_chars * 2]).strip()
+    title: Text = cut_text(head, title_chars) or msg("card.title.default")
     state_tag = {
         "tag": "text_tag",
         "text": langs.plain_msg(state_word(model.status)),
@@ -177,7 +178,8 @@ def _content_elements(
         return [{"tag": "markdown", "content": _render_content(content)}]
     budget = max(0, available - MARKER_RESERVE_BYTES)
     # Every character costs at least one byte: no prefix longer than the budget can fit.
-    shown = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
+    fitting = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
+    shown = cut_index(content, fitting)
     dropped = original_chars - shown
     elements = [{"tag": "markdown", "content": _render_content(content[:shown]).rstrip() or "…"}]
     elements.append(langs.md_msg(msg("card.truncated", count=dropped)))

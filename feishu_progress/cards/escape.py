@@ -10,10 +10,14 @@ Two strengths, chosen by where the text lands:
 * ``escape_markdown`` — for the agent's streamed content, which is markdown we *want* rendered
   (bold, lists, code, quotes, links). Only the dangerous parts are neutralised: every ``<`` becomes
   ``&#60;`` (so no HTML-like tag, ``<at id=all>`` in any casing/spacing included, can ever be
-  live), an ``&`` that starts an entity becomes ``&#38;`` (so ``&#60;at`` cannot be smuggled in),
-  images (``![x](key)`` — a bad key makes Feishu refuse the whole card) and non-http(s) links are
-  defused, h1–h3 are demoted to h4 and only the first four tables stay tables (Feishu refuses a
-  markdown element with more). Control characters are dropped.
+  live, nor any ``<...>`` autolink), an ``&`` that starts an entity becomes ``&#38;`` (so ``&#60;at``
+  cannot be smuggled in), images (``![x](key)`` — a bad key makes Feishu refuse the whole card)
+  are defused, and so is every link whose destination is not http(s) (Feishu supports only those):
+  the ``]`` of every ``](`` that does not lead to ``http(s)://`` becomes ``&#93;``, whatever the
+  link text holds (brackets, line breaks), and every ``]:`` too, so no reference definition
+  (``[r]: lark://x``, in a quote or a list as well) can exist. h1–h3 are demoted to h4 and only the
+  first four tables stay tables (Feishu refuses a markdown element with more). Control characters
+  are dropped.
 
 Plain-text fields (``plain_text`` titles, buttons, options) are not markdown: Feishu shows them
 literally, so ``plain_text`` never entity-escapes. It still turns a tag-like ``<`` into the
@@ -23,6 +27,8 @@ full-width ``＜`` so that no client, whatever it does with plain text, can ever
 from __future__ import annotations
 
 import re
+
+from feishu_progress.i18n.user_text import one_line
 
 MAX_MARKDOWN_TABLES = 4
 
@@ -50,10 +56,12 @@ _DIRECT = tuple((char, entity) for char, entity in _INLINE_ENTITIES.items() if c
 _RESTORE = (("\x00A", "&#38;"), ("\x00H", "&#35;"))
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u2028\u2029\ufeff]")
 _CONTROL_AND_NEWLINES = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\ufeff]+")
-_SPACES = re.compile(r"\s+")
 _ENTITY_START = re.compile(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)")
 _IMAGE = re.compile(r"!\[")
-_NON_HTTP_LINK = re.compile(r"\[([^\[\]\n]*)\]\((?!\s*https?://)", re.IGNORECASE)
+# A link needs a literal "](" (inline) or "]:" (reference definition): the "]" is what we defuse.
+# An escaped "\]" is taken too, so a renderer that ignores backslash escapes cannot be fooled either.
+_LINK_TARGET = re.compile(r"\\?\](?:\s*\(\s*|:)")
+_WEB_DESTINATION = re.compile(r"https?://", re.IGNORECASE)
 _HEADING = re.compile(r"^( {0,3})#{1,3}(?=\s)", re.MULTILINE)
 _TABLE_DELIMITER = re.compile(
     r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$|^[ \t]*\|[ \t]*:?-+:?[ \t]*\|?[ \t]*$"
@@ -69,8 +77,7 @@ def plain_text(text: str) -> str:
 
 def escape_inline(text: str) -> str:
     """One line of untrusted text, rendered literally inside markdown."""
-    flat = _SPACES.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text)).strip()
-    return _entities(flat)
+    return _entities(one_line(text))
 
 
 def _entities(text: str) -> str:
@@ -88,22 +95,44 @@ def escape_block(text: str) -> str:
 
 def sanitize_inline_title(text: str) -> str:
     """Seed 002 sanitizeInlineTitle: control chars and ``* _ ~ ` [ ] < > | \\`` become spaces."""
-    cleaned = _TITLE_SPECIALS.sub(" ", _CONTROL_AND_NEWLINES.sub(" ", text))
-    return _SPACES.sub(" ", cleaned).strip()
+    return one_line(_TITLE_SPECIALS.sub(" ", text))
 
 
-def escape_markdown(text: str) -> str:
+def escape_markdown(text: str, *, max_tables: int = MAX_MARKDOWN_TABLES) -> str:
     """Streamed agent markdown: rendered, but with no live tag, image, odd link or oversized part."""
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     text = _ENTITY_START.sub("&#38;", text)
     text = text.replace("<", "&#60;")
     text = _IMAGE.sub("!&#91;", text)
-    text = _NON_HTTP_LINK.sub(lambda match: "&#91;" + match.group(1) + "&#93;(", text)
+    text = _defuse_links(text)
     text = _HEADING.sub(r"\1####", text)
-    return _limit_tables(text)
+    return _limit_tables(text, max_tables)
 
 
-def _limit_tables(text: str) -> str:
+def escape_question(text: str) -> str:
+    """A question the agent wrote, rendered as markdown (seed 001 R3) with the content's neutralisation.
+
+    Several questions share one markdown element (which takes four tables at most), so a question
+    never renders a table; a fence it leaves open is closed so the next line is not swallowed.
+    """
+    return close_open_fence(escape_markdown(text, max_tables=0).strip())
+
+
+def _defuse_links(text: str) -> str:
+    """Every link target but http(s) made literal text; a definition never survives (see module doc)."""
+    if "]" not in text:
+        return text
+
+    def defuse(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if not token.endswith(":") and _WEB_DESTINATION.match(text, match.end()):
+            return token
+        return "&#93;" + token.lstrip("\\")[1:]
+
+    return _LINK_TARGET.sub(defuse, text)
+
+
+def _limit_tables(text: str, max_tables: int) -> str:
     if "-" not in text or "|" not in text:
         return text
     lines = text.split("\n")
@@ -111,7 +140,7 @@ def _limit_tables(text: str) -> str:
     for index, line in enumerate(lines):
         if _TABLE_DELIMITER.match(line):
             tables += 1
-            if tables > MAX_MARKDOWN_TABLES:
+            if tables > max_tables:
                 # A delimiter row without "-" is no delimiter: the table renders as text lines.
                 lines[index] = line.replace("-", "&#45;")
     return "\n".join(lines)
@@ -121,14 +150,3 @@ def close_open_fence(markdown: str) -> str:
     """Close a code fence left open by a cut, so the text after it is not swallowed into code."""
     fences = sum(1 for line in markdown.split("\n") if line.lstrip().startswith("```"))
     return markdown + "\n```" if fences % 2 else markdown
-
-
-def safe_cut(escaped: str, length: int) -> str:
-    """Cut escaped text at ``length`` characters without splitting a ``&#NN;`` entity."""
-    if length >= len(escaped):
-        return escaped
-    cut = escaped[:length]
-    amp = cut.rfind("&")
-    if amp != -1 and ";" not in cut[amp:]:
-        cut = cut[:amp]
-    return cut

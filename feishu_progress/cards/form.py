@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from feishu_progress.cards.actions import (
+from feishu_progress.cards.callback_contract import (
     Action,
     callback_value,
     field_name,
@@ -12,12 +12,13 @@ from feishu_progress.cards.actions import (
     other_field_name,
     submit_name,
 )
-from feishu_progress.cards.budget import Limits
 from feishu_progress.cards.escape import plain_text
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.views import inline
+from feishu_progress.cards.view_panels import inline, question_markdown
 from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
+from feishu_progress.i18n.user_text import ELLIPSIS, cut_text
 from feishu_progress.tools.approval import approval_title
 
 LABEL_CHARS = 100  # Feishu's limit on button / option text
@@ -67,7 +68,8 @@ def _question_elements(
     number = question_index + 1
 
     def title(locale: str) -> str:
-        return f"**{number}.** {inline(question.question, QUESTION_CHARS, locale)}"
+        # The same question reads the same here and in the asktool summary: markdown (seed 001 R3).
+        return f"**{number}.** {question_markdown(question.question, QUESTION_CHARS, locale)}"
 
     elements = [langs.markdown(title)]
     name = field_name(ask_index, question_index)
@@ -77,7 +79,7 @@ def _question_elements(
     options = question.options[: limits.options]
     choices = [
         {
-            "text": {"tag": "plain_text", "content": plain_text(option.label[:LABEL_CHARS]).strip() or "-"},
+            "text": {"tag": "plain_text", "content": _option_text(option.label)},
             "value": str(i),
         }
         for i, option in enumerate(options)
@@ -100,6 +102,11 @@ def _question_elements(
         _input(langs, other_field_name(ask_index, question_index), msg("card.form.placeholder.other"))
     )
     return elements
+
+
+def _option_text(label: str) -> str:
+    # Feishu caps option text at LABEL_CHARS: the ellipsis must fit inside.
+    return cut_text(plain_text(label).strip(), LABEL_CHARS - len(ELLIPSIS)) or "-"
 
 
 def _input(langs: Langs, name: str, placeholder: Text) -> dict[str, Any]:

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from feishu_progress.cards.budget import Limits
-from feishu_progress.cards.escape import sanitize_inline_title
+from feishu_progress.cards.escape import escape_inline, sanitize_inline_title
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.cards.views import block_render, collapsed_panel, raw_result, render_view
+from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_blocks, render_view
 from feishu_progress.domain import CardModel, Notice, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools.describe import describe_tool_call
-from feishu_progress.tools.types import LineState, ToolLine
-
-logger = logging.getLogger(__name__)
+from feishu_progress.i18n.user_text import cut_text, one_line
+from feishu_progress.tools.call_line import line_for_call
+from feishu_progress.tools.line_model import ToolLine
 
 MAX_CARD_SUBAGENTS = 5  # seed 002 D3
-SUBAGENT_TITLE_CHARS = 40  # seed 002 cleanTitle: 40 characters + an ellipsis
+SUBAGENT_TITLE_CHARS = 40  # seed 002 cleanTitle: 40 characters + "..."
+TITLE_ELLIPSIS = "..."
 TOOL_PARAM_CHARS = 200
 
 STATE_KEYS = {
@@ -145,32 +144,25 @@ def _subagent_line(subagent: SubagentSummary, locale: str) -> str:
 
 
 def _subagent_type(agent_type: str | None, locale: str) -> str:
+    """A known type's label; an unknown one as its raw value (§4.2.1), on one line, cut like a title."""
     key = SUBAGENT_TYPE_KEYS.get(agent_type or "")
     if key is not None:
         return md_text(msg(key), locale)
-    raw = sanitize_inline_title(agent_type or "")[:SUBAGENT_TITLE_CHARS]
-    return raw or md_text(msg("card.subagent.type.unnamed"), locale)
+    # Escaped, not stripped of specials: ``code_writer`` must read ``code_writer``, not ``code writer``.
+    raw = cut_text(one_line(agent_type or ""), SUBAGENT_TITLE_CHARS, TITLE_ELLIPSIS)
+    return escape_inline(raw) or md_text(msg("card.subagent.type.unnamed"), locale)
 
 
 def _clean_subagent_title(title: str) -> str:
     cleaned = sanitize_inline_title(title)
-    # The manager already cut to 40 + "...": only a title longer than that is cut again here.
-    if len(cleaned) > SUBAGENT_TITLE_CHARS + 3:
-        cleaned = cleaned[:SUBAGENT_TITLE_CHARS] + "…"
+    # The manager already cut to 40 + "..." (cleanTitle); the seed says the card does not cut again, so
+    # only a title that skipped the manager (longer than that) is cut here, the same way.
+    if len(cleaned) > SUBAGENT_TITLE_CHARS + len(TITLE_ELLIPSIS):
+        cleaned = cut_text(cleaned, SUBAGENT_TITLE_CHARS, TITLE_ELLIPSIS)
     return cleaned
 
 
 # -- 本轮工具 --------------------------------------------------------------------------------
-
-
-def describe(call: ToolCall) -> ToolLine:
-    """The tools room's line for a call; a generic line if it fails, so one odd call never kills the card."""
-    try:
-        return describe_tool_call(call)
-    except Exception:
-        logger.exception("describe_tool_call failed", extra={"tool": call.name, "call_id": call.call_id})
-        state = LineState.OK if call.finished else LineState.RUNNING
-        return ToolLine(call_id=call.call_id, name=call.name, summary=call.name, state=state)
 
 
 def tools_section(
@@ -193,7 +185,7 @@ def tools_section(
     pending_lines: list[Text] = list(head)
     bullets = [False] + [True] * (len(head) - 1)
     for call in shown:
-        line = describe(call)
+        line = line_for_call(call)
         summary = cap_params(line.summary, TOOL_PARAM_CHARS)
         panel = _panel_elements(line, limits, langs, image_keys)
         if panel is None:
@@ -214,8 +206,8 @@ def _panel_elements(
         return None
     if line.view is not None:
         return render_view(line.view, limits, langs, image_keys)
-    if line.raw_result:
-        return raw_result(line.raw_result, limits, langs)
+    if line.raw_result or line.raw_args:
+        return raw_blocks(line.raw_result, line.raw_args, limits, langs)
     return None
 
 

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, plain_text
-from feishu_progress.i18n import Msg, Text, translate
+from feishu_progress.i18n import FEISHU_LOCALES, Msg, Text, translate
+from feishu_progress.i18n.user_text import cut_text
 
 # A piece of card text as a function of the locale: lets one line mix catalog words and user text.
 Render = Callable[[str], str]
-
-FEISHU_CARD_LOCALES = frozenset(
-    {
-        "zh_cn", "en_us", "zh_hk", "zh_tw", "ja_jp", "id_id", "vi_vn", "th_th",
-        "pt_br", "es_es", "ko_kr", "de_de", "fr_fr", "it_it", "ru_ru", "ms_my",
-    }
-)  # fmt: skip
 
 
 def md_text(text: Text, locale: str) -> str:
@@ -50,24 +44,20 @@ def _escaped_params(message: Msg, escape: Callable[[str], str]) -> Msg:
         else value
         for name, value in message.params.items()
     }
-    return Msg(message.key, params)
+    return replace(message, params=params)
 
 
 def cap_params(text: Text, limit: int) -> Text:
     """Cut literal text and every string param to ``limit`` characters (an ellipsis shows the cut)."""
     if isinstance(text, str):
-        return _cap(text, limit)
+        return cut_text(text, limit)
     if not text.params:
         return text
     params = {
         name: cap_params(value, limit) if isinstance(value, Msg | str) else value
         for name, value in text.params.items()
     }
-    return Msg(text.key, params)
-
-
-def _cap(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
+    return replace(text, params=params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +73,7 @@ class Langs:
     @property
     def config_locales(self) -> list[str]:
         """Only Feishu's own codes may appear in ``config.locales`` (not ``tr``)."""
-        return [code for code in self.locales if code in FEISHU_CARD_LOCALES]
+        return [code for code in self.locales if code in FEISHU_LOCALES]
 
     def fields(self, render: Render) -> dict[str, Any]:
         """``{"content": ..., "i18n_content": {...}}``; i18n only when some locale differs."""

@@ -17,7 +17,7 @@ Use (from the task that is about to call the API, before building the request)::
 When Redis errors or does not answer within ``timeout`` seconds, the budget switches to a local share
 (the budget ÷ ``live_instances()``), logs once, reports ``local-fallback`` with the reason (``status``,
 the ``fp_budget_mode`` gauge), and probes Redis every ``probe_interval`` seconds to switch back. The
-local share is ``progress/budget.py``'s ``AppBudget`` (exact windows held until the answer). It also
+local share is ``progress/rate_budget.py``'s ``AppBudget`` (exact windows held until the answer). It also
 counts this instance's grants while Redis works, so a switch starts from what this instance really
 spent. What the local share cannot know: what the OTHER instances spent just before Redis went away, or
 (after a Redis restart) what was spent before it; within that one window the sum may exceed the budget
@@ -44,7 +44,7 @@ from feishu_progress.cluster.limits import BudgetWindows, GcraWindow, OpenApi, S
 from feishu_progress.config import RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
-from feishu_progress.progress.budget import AppBudget
+from feishu_progress.progress.rate_budget import AppBudget
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from typing import Any, Literal, Protocol
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from feishu_progress.config import FEISHU_LOCALES, Settings
+from feishu_progress.config import Settings
 from feishu_progress.errors import CallbackRejected
-from feishu_progress.i18n import Text, i18n_map, translate
+from feishu_progress.i18n import FEISHU_LOCALES, Text, i18n_map, translate
 
 CARD_ACTION_TRIGGER = "card.action.trigger"
 URL_VERIFICATION = "url_verification"

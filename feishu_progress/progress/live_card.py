@@ -49,32 +49,18 @@ class CardContext:
     session_detail_url: str | None = None
     started_at: float = 0.0
 
-
-def card_model(
-    context: CardContext, state: CardState, subagents: tuple[SubagentSummary, ...], now: float
-) -> CardModel:
-    """THE place a CardModel is made: the task's fixed context, its newest state, the running subagents."""
-    end = state.finished_at if state.finished_at is not None else now
-    return CardModel(
-        session_id=context.session_id,
-        status=state.status,
-        round=state.round,
-        content=state.content,
-        content_chars=state.content_chars,
-        title=context.title,
-        tools=state.tools,
-        earlier_tools=state.earlier_tools,
-        subagents=subagents if state.status is TaskStatus.RUNNING else (),
-        elapsed_ms=max(0, int((end - context.started_at) * 1000)),
-        pending_asks=state.pending_asks,
-        pending_approvals=state.pending_approvals,
-        disliked=state.disliked,
-        notice=state.notice,
-        error=state.error,
-        locales=context.locales,
-        session_detail_url=context.session_detail_url,
-        image_keys=state.image_keys,
-    )
+    def model(self, state: CardState, subagents: tuple[SubagentSummary, ...], now: float) -> CardModel:
+        """This card's CardModel for ``state`` (CardModel.from_state is the one constructor)."""
+        return CardModel.from_state(
+            state,
+            session_id=self.session_id,
+            title=self.title,
+            locales=self.locales,
+            session_detail_url=self.session_detail_url,
+            started_at=self.started_at,
+            now=now,
+            subagents=subagents,
+        )
 
 
 class LiveCard:
@@ -192,7 +178,7 @@ class LiveCard:
             self._scheduler.notify(self, urgent=urgent)
 
     def _model(self) -> CardModel:
-        return card_model(self.context, self._state, self._subagents, self._clock.wall())
+        return self.context.model(self._state, self._subagents, self._clock.wall())
 
     def _cache_fresh(self) -> bool:
         loaded_at = self._subagents_loaded_at

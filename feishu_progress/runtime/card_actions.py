@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from feishu_progress.cards.actions import ACTIONS, CALLBACK_VERSION, decode_form_answers
+from feishu_progress.cards.callback_contract import ACTIONS, CALLBACK_VERSION, decode_form_answers
 from feishu_progress.config import Settings
 from feishu_progress.db.repo import NewAction
 from feishu_progress.db.times import utc_datetime
@@ -52,7 +52,7 @@ class Decision:
 
 
 def parse_click(value: Mapping[str, Any]) -> Click | None:
-    """The button's callback value as we wrote it (cards/actions.py), or None for anything else."""
+    """The button's callback value as we wrote it (cards/callback_contract.py), or None for anything else."""
     action = value.get("action")
     session_id = value.get("session_id")
     if value.get("v") != CALLBACK_VERSION or action not in ACTIONS:

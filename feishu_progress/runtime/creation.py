@@ -20,7 +20,6 @@ from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import CardState
 from feishu_progress.errors import FeishuProgressError, TaskConflict
 from feishu_progress.ports import Clock
-from feishu_progress.progress.live_card import card_model
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
 from feishu_progress.runtime.snapshots import state_from_record
@@ -107,7 +106,7 @@ class TaskCreator:
 
     async def _send_first(self, state: TaskState, reply_to: str | None, key: str | None) -> CreatedTask:
         first = build_progress_card(
-            card_model(card_context(self._settings, state, ""), CardState(), (), self._clock.wall())
+            card_context(self._settings, state, "").model(CardState(), (), self._clock.wall())
         )
         uuid = first_card_uuid(state.session_id, key)
         try:

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from feishu_progress.config import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 from feishu_progress.errors import EventRejected
+from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 
 _SHORT = 256
 M = TypeVar("M", bound=BaseModel)

@@ -16,7 +16,7 @@ from pathlib import Path
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.domain import ToolCall
 from feishu_progress.ports import ImageUploader
-from feishu_progress.tools.views import parse_image_gen
+from feishu_progress.tools.view_parsers import parse_image_gen
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from feishu_progress.domain import AskOption, AskQuestion
-from feishu_progress.i18n import Msg
-from feishu_progress.tools._values import as_mapping, get_str
-from feishu_progress.tools.types import AskToolHeadline, AskToolView
+from feishu_progress.i18n import Msg, plural
+from feishu_progress.tools.readers import as_mapping, get_str
+from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
 ASK_TOOL_NAME = "asktool"
 # Rule 1: a provider namespace is written ``provider__tool`` or ``provider.tool``. A ``plugin:tool`` name
@@ -117,7 +117,7 @@ def match_answers(questions: tuple[AskQuestion, ...], text: str) -> tuple[tuple[
         if not matched:
             return None
         answers.append(answer)
-    return tuple(answers) if len(answers) == len(questions) else None
+    return tuple(answers)  # rule 5 holds by construction: one answer per question, or None above
 
 
 def _headline(pending: bool, answered: int) -> AskToolHeadline:
@@ -162,8 +162,7 @@ def asktool_headline(view: AskToolView) -> Msg:
         AskToolHeadline.UNANSWERED: "view.asktool.summaryUnanswered",
         AskToolHeadline.PENDING: "view.asktool.summaryPending",
     }[view.headline]
-    key = f"{base}_one" if total == 1 else base
-    return Msg(key, {"total": total, "answered": view.answered})
+    return plural(base, "total", {"total": total, "answered": view.answered})
 
 
 def asktool_line(view: AskToolView) -> Msg:

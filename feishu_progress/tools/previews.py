@@ -11,12 +11,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from feishu_progress.i18n import DEFAULT_LOCALE, Msg, Text, translate
-from feishu_progress.tools._values import as_int, as_mapping, get_str, shorten
+from feishu_progress.i18n.user_text import cut_text
+from feishu_progress.tools.readers import as_int, as_mapping, get_str, shorten
 
 # Free text (commands, queries, prompts, task descriptions) is cut for a one-line card header.
 TEXT_LIMIT = 80
 URL_LIMIT = 40  # the seed's formatUrl cut
 NAME_LIMIT = 30  # §3.4: scheduled task names
+METHOD_LIMIT = 10  # an HTTP method is a short word: anything longer is noise
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 # §3.4 generic fallback, in this order.
@@ -35,7 +37,7 @@ def task_number(args: Args, key: str = "task_id") -> Text:
 
 def format_url(url: str) -> str:
     """A URL without its scheme, cut to 40 characters."""
-    return _SCHEME.sub("", url.strip())[:URL_LIMIT]
+    return cut_text(_SCHEME.sub("", url.strip()), URL_LIMIT, ellipsis="")
 
 
 def raw_str(args: Args, key: str) -> str:
@@ -46,7 +48,7 @@ def raw_str(args: Args, key: str) -> str:
 
 def _update_scheduled(args: Args) -> Text:
     name = raw_str(args, "name")
-    return name[:NAME_LIMIT] if name else task_number(args)
+    return cut_text(name, NAME_LIMIT, ellipsis="") if name else task_number(args)
 
 
 def _send_file(args: Args) -> Text:
@@ -84,7 +86,7 @@ def _url(args: Args) -> Text:
 
 def _http(args: Args) -> Text:
     url = format_url(get_str(args, "url"))
-    method = get_str(args, "method").upper()[:10]
+    method = cut_text(get_str(args, "method").upper(), METHOD_LIMIT, ellipsis="")
     return f"{method} {url}" if method and url else url
 
 
@@ -115,7 +117,7 @@ _PREVIEWS: dict[str, Callable[[Args], Text]] = {
     # seed 000 §3.4, exactly
     "check_subagent": task_number,
     "cancel_subagent": task_number,
-    "create_scheduled_task": lambda args: raw_str(args, "name")[:NAME_LIMIT],
+    "create_scheduled_task": lambda args: cut_text(raw_str(args, "name"), NAME_LIMIT, ellipsis=""),
     "update_scheduled_task": _update_scheduled,
     "delete_scheduled_task": task_number,
     "send_wechat_image": _image,

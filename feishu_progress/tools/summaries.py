@@ -11,16 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools._values import as_mapping, get_int, get_list, get_str, one_line
-from feishu_progress.tools.lines import count, failed, failure_of, label, with_detail
+from feishu_progress.i18n.user_text import cut_text, one_line
+from feishu_progress.tools.line_model import LineState
+from feishu_progress.tools.line_parts import count, failed, failure_of, label, with_detail
 from feishu_progress.tools.previews import input_preview_text, is_write_stdin, raw_str, task_number
-from feishu_progress.tools.types import LineState, WaitSummary
-from feishu_progress.tools.views import wait_summary
+from feishu_progress.tools.readers import as_mapping, get_int, get_list, get_str
+from feishu_progress.tools.view_labels import subagent_status_word, wait_summary_msg
+from feishu_progress.tools.view_parsers import wait_summary
 
 Args = Mapping[str, Any]
 # §3.3: a failed create_scheduled_task line carries the first 20 characters of the task name.
 CREATE_FAILURE_NAME_LIMIT = 20
-_KNOWN_SUBAGENT_STATUSES = ("RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,28 +161,12 @@ def _list_tasks(line: Msg, args: Args, node: Any) -> Summary:
     )
 
 
-def _subagent_status_word(status: str) -> Msg | None:
-    upper = status.upper()
-    return Msg(f"view.subagents.status.{upper}") if upper in _KNOWN_SUBAGENT_STATUSES else None
-
-
 def _check_subagent(line: Msg, args: Args, node: Any) -> Summary:
     result = as_mapping(node)
     listed = result.get("background_subagents")
     if isinstance(listed, list):
         return _ok(with_detail(line, count("tool.detail.tasks", len(listed))))
-    return _ok(with_detail(line, _subagent_status_word(get_str(result, "status"))))
-
-
-def wait_summary_msg(summary: WaitSummary) -> Msg:
-    """``完成 N 个 · 全部完成`` / ``完成 N 个 · 已超时`` / ``完成 N 个``."""
-    if summary.all_completed:
-        key = "view.subagents.waitAll"
-    elif summary.timed_out:
-        key = "view.subagents.waitTimeout"
-    else:
-        key = "view.subagents.waitDone"
-    return Msg(key, {"n": summary.completed})
+    return _ok(with_detail(line, subagent_status_word(get_str(result, "status"))))
 
 
 def _wait_subagents(line: Msg, args: Args, node: Any) -> Summary:
@@ -219,7 +204,9 @@ def _bare(verb: str) -> FailureLabel:
 
 
 def _create_failure_label(args: Args) -> Msg:
-    return label("tool.create_scheduled_task", raw_str(args, "name")[:CREATE_FAILURE_NAME_LIMIT])
+    return label(
+        "tool.create_scheduled_task", cut_text(raw_str(args, "name"), CREATE_FAILURE_NAME_LIMIT, ellipsis="")
+    )
 
 
 TOOLS: dict[str, ToolSpec] = {

@@ -850,7 +850,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "Perguntado",
         "tr": "Soruldu",
     },
-    "view.asktool.summaryAnswered": {
+    "view.asktool.summaryAnswered.other": {
         "zh_cn": "{total} 个问题 · 已作答 {answered} / {total}",
         "en_us": "{total} questions · answered {answered} / {total}",
         "zh_tw": "{total} 個問題 · 已作答 {answered} / {total}",
@@ -861,7 +861,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "{total} perguntas · respondidas {answered} / {total}",
         "tr": "{total} soru · yanıtlanan {answered} / {total}",
     },
-    "view.asktool.summaryAnswered_one": {
+    "view.asktool.summaryAnswered.one": {
         "zh_cn": "{total} 个问题 · 已作答 {answered} / {total}",
         "en_us": "{total} question · answered {answered} / {total}",
         "zh_tw": "{total} 個問題 · 已作答 {answered} / {total}",
@@ -872,7 +872,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "{total} pergunta · respondida {answered} / {total}",
         "tr": "{total} soru · yanıtlanan {answered} / {total}",
     },
-    "view.asktool.summaryUnanswered": {
+    "view.asktool.summaryUnanswered.other": {
         "zh_cn": "{total} 个问题 · 未作答",
         "en_us": "{total} questions · unanswered",
         "zh_tw": "{total} 個問題 · 未作答",
@@ -883,7 +883,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "{total} perguntas · sem resposta",
         "tr": "{total} soru · yanıtlanmadı",
     },
-    "view.asktool.summaryUnanswered_one": {
+    "view.asktool.summaryUnanswered.one": {
         "zh_cn": "{total} 个问题 · 未作答",
         "en_us": "{total} question · unanswered",
         "zh_tw": "{total} 個問題 · 未作答",
@@ -894,7 +894,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "{total} pergunta · sem resposta",
         "tr": "{total} soru · yanıtlanmadı",
     },
-    "view.asktool.summaryPending": {
+    "view.asktool.summaryPending.other": {
         "zh_cn": "{total} 个问题 · 等待回答",
         "en_us": "{total} questions · waiting for an answer",
         "zh_tw": "{total} 個問題 · 等待回答",
@@ -905,7 +905,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "{total} perguntas · aguardando resposta",
         "tr": "{total} soru · yanıt bekleniyor",
     },
-    "view.asktool.summaryPending_one": {
+    "view.asktool.summaryPending.one": {
         "zh_cn": "{total} 个问题 · 等待回答",
         "en_us": "{total} question · waiting for an answer",
         "zh_tw": "{total} 個問題 · 等待回答",
@@ -915,6 +915,28 @@ MESSAGES: dict[str, dict[str, str]] = {
         "ko_kr": "질문 {total}개 · 답변 대기 중",
         "pt_br": "{total} pergunta · aguardando resposta",
         "tr": "{total} soru · yanıt bekleniyor",
+    },
+    "view.raw.output": {
+        "zh_cn": "输出",
+        "en_us": "Output",
+        "zh_tw": "輸出",
+        "de_de": "Ausgabe",
+        "es_es": "Salida",
+        "fr_fr": "Sortie",
+        "ko_kr": "출력",
+        "pt_br": "Saída",
+        "tr": "Çıktı",
+    },
+    "view.raw.input": {
+        "zh_cn": "输入",
+        "en_us": "Input",
+        "zh_tw": "輸入",
+        "de_de": "Eingabe",
+        "es_es": "Entrada",
+        "fr_fr": "Entrée",
+        "ko_kr": "입력",
+        "pt_br": "Entrada",
+        "tr": "Girdi",
     },
     "view.asktool.heading": {
         "zh_cn": "问答",

@@ -1,20 +1,23 @@
-"""Entry point from cards/: turn one ToolCall into its ToolLine (summary, state, view or raw result).
+"""Entry point from cards/: ``line_for_call`` turns one ToolCall into its ToolLine (summary, state, view).
 
 Never raises: whatever the runtime reported, the card gets a line (a generic one at worst).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from feishu_progress.domain import ToolCall
 from feishu_progress.i18n import Msg
-from feishu_progress.tools._values import as_mapping, compact_text, get_str, one_line, parse_result
-from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool
-from feishu_progress.tools.lines import failure_of, label
+from feishu_progress.i18n.user_text import one_line
+from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool, result_text
+from feishu_progress.tools.line_model import LineState, ToolLine
+from feishu_progress.tools.line_parts import failure_of, label
+from feishu_progress.tools.readers import as_mapping, compact_text, get_str, parse_result
 from feishu_progress.tools.summaries import finished_summary, running_summary
-from feishu_progress.tools.types import LineState, ToolLine, ToolView
-from feishu_progress.tools.views import parse_ask_answers, parse_image_gen, parse_subagent_rows
+from feishu_progress.tools.view_models import ToolView
+from feishu_progress.tools.view_parsers import parse_ask_answers, parse_image_gen, parse_subagent_rows
 
 # Tools whose result is meant for a rich view: when no view can be built, the raw result is shown.
 VIEW_TOOLS = frozenset(
@@ -37,7 +40,7 @@ def _raw(result: Any) -> str | None:
     return text if text.strip() else None
 
 
-def _describe_finished(call: ToolCall, name: str) -> ToolLine:
+def _finished_line(call: ToolCall, name: str) -> ToolLine:
     args = as_mapping(call.args)
     node = parse_result(call.result)
     summary = finished_summary(name, args, node)
@@ -48,18 +51,24 @@ def _describe_finished(call: ToolCall, name: str) -> ToolLine:
     return ToolLine(call.call_id, name, summary.text, summary.state, view=view, raw_result=raw)
 
 
-def _describe_asktool(call: ToolCall, name: str) -> ToolLine:
-    view = parse_asktool(call.args, call.result if call.finished else None)
-    if view is None or (call.finished and view.pending):
-        # Seed 001 A-5: anything we cannot read with certainty falls back to the plain tool line.
-        return _describe_plain(call, name)
-    state = LineState.OK if call.finished else LineState.RUNNING
-    return ToolLine(call.call_id, name, asktool_line(view), state, view=view)
+def _asktool_line(call: ToolCall, name: str) -> ToolLine:
+    failed = call.finished and failure_of(parse_result(call.result)) is not None
+    view = None if failed else parse_asktool(call.args, call.result if call.finished else None)
+    if view is not None:
+        # Rule 3: a finished call with no result text has no answer yet either: 等待回答, not 调用 asktool.
+        state = LineState.OK if call.finished else LineState.RUNNING
+        return ToolLine(call.call_id, name, asktool_line(view), state, view=view)
+    # A-5 / R5: what cannot be read with certainty (a failure, a text that does not match the questions,
+    # half-streamed arguments) keeps the old view: the plain line, the result text and the questions.
+    line = _plain_line(call, name)
+    text = result_text(call.result) if call.finished and not failed else None
+    raw_result = text if text and text.strip() else line.raw_result
+    return replace(line, raw_result=raw_result, raw_args=_raw(call.args) if call.args else None)
 
 
-def _describe_plain(call: ToolCall, name: str) -> ToolLine:
+def _plain_line(call: ToolCall, name: str) -> ToolLine:
     if call.finished:
-        return _describe_finished(call, name)
+        return _finished_line(call, name)
     return ToolLine(call.call_id, name, running_summary(name, as_mapping(call.args)), LineState.RUNNING)
 
 
@@ -78,17 +87,17 @@ def _fallback(call: Any) -> ToolLine:
     )
 
 
-def describe_strictly(call: ToolCall) -> ToolLine:
-    """``describe_tool_call`` without the safety net (tests prove no input needs the net)."""
+def line_for_call_strictly(call: ToolCall) -> ToolLine:
+    """``line_for_call`` without the safety net (tests prove no input needs the net)."""
     name = call.name if isinstance(call.name, str) else ""
     if is_asktool_name(name):
-        return _describe_asktool(call, name)
-    return _describe_plain(call, name)
+        return _asktool_line(call, name)
+    return _plain_line(call, name)
 
 
-def describe_tool_call(call: ToolCall) -> ToolLine:
+def line_for_call(call: ToolCall) -> ToolLine:
     """One line of 本轮工具 for ``call``: running → input preview; finished → summary + view/raw result."""
     try:
-        return describe_strictly(call)
+        return line_for_call_strictly(call)
     except Exception:  # a pure room cannot log; the raw result keeps the information on the card
         return _fallback(call)

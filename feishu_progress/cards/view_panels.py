@@ -1,4 +1,4 @@
-"""Rich views under a tool line: image grid, answers, subagent rows, asktool summary, raw result.
+"""Rich views under a tool line: image grid, answers, subagent rows, raw result (asktool: asktool_panel).
 
 Each renderer returns the elements that go inside the tool's collapsible panel. They never hold an
 interactive element, never show raw JSON, and cut long text only with a visible marker.
@@ -10,21 +10,14 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from feishu_progress.cards.budget import Limits
-from feishu_progress.cards.escape import escape_block, escape_inline
+from feishu_progress.cards.asktool_panel import asktool_panel
+from feishu_progress.cards.escape import escape_block, escape_inline, escape_question
+from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, md_text, msg
-from feishu_progress.domain import AskQuestion
-from feishu_progress.tools.types import (
-    AskAnswersView,
-    AskToolView,
-    ImageGridView,
-    ImageItem,
-    StatusKind,
-    SubagentRow,
-    SubagentRowsView,
-    ToolView,
-)
-from feishu_progress.tools.view_texts import (
+from feishu_progress.i18n import Msg
+from feishu_progress.i18n.user_text import cut_index, cut_text
+from feishu_progress.tools.view_labels import (
+    IMAGE_GRID_LIMIT,
     format_image_bytes,
     image_footer,
     image_hidden,
@@ -33,10 +26,19 @@ from feishu_progress.tools.view_texts import (
     subagent_status_text,
     wait_summary_msg,
 )
+from feishu_progress.tools.view_models import (
+    AskAnswersView,
+    ImageGridView,
+    ImageItem,
+    StatusKind,
+    SubagentRow,
+    SubagentRowsView,
+    ToolView,
+)
 
-MAX_GRID_IMAGES = 9
 PROMPT_CHARS = 300
-MAX_OPTIONS_LISTED = 100  # seed 001 shows every option; past this the budget would cut the card anyway
+LABEL_CHARS = 100  # a chosen label shown as a tag
+ROW_FIELD_CHARS = 40  # a subagent row's task id and type
 
 _STATUS_COLOURS = {
     StatusKind.RUNNING: "blue",
@@ -56,19 +58,31 @@ def render_view(
         return ask_answers(view, limits, langs)
     if isinstance(view, SubagentRowsView):
         return subagent_rows(view, limits, langs)
-    return asktool_summary(view, limits, langs)
+    return asktool_panel(view, limits, langs)
 
 
-def raw_result(text: str, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
-    """A result the tools room could not turn into a view, shown as literal text."""
-    return [langs.markdown(block_render(text, limits.view_chars))]
+def raw_blocks(result: str | None, args: str | None, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
+    """What the tools room could not turn into a view, as literal text: the result, and the arguments
+    when they matter (seed 001 A-5: 输出 and the questions), each under its label when both are there."""
+    if args is None:
+        return [langs.markdown(block_render(result or "", limits.view_chars))]
+    blocks = [("view.raw.output", result), ("view.raw.input", args)]
+    return [
+        langs.markdown(partial(_labelled_block, msg(key), block_render(text, limits.view_chars)))
+        for key, text in blocks
+        if text
+    ]
+
+
+def _labelled_block(label: Msg, body: Callable[[str], str], locale: str) -> str:
+    return f"**{md_text(label, locale)}**\n{body(locale)}"
 
 
 def block_render(text: str, limit: int) -> Callable[[str], str]:
     """``block`` for every locale, escaping the text only once."""
-    shown = text[:limit]
-    escaped = escape_block(shown)
-    dropped = len(text) - len(shown)
+    kept = cut_index(text, limit)
+    escaped = escape_block(text[:kept])
+    dropped = len(text) - kept
     if not dropped:
         return lambda _locale: escaped
     return lambda locale: escaped + "\n" + md_text(msg("card.truncated", count=dropped), locale)
@@ -81,10 +95,20 @@ def block(text: str, limit: int, locale: str) -> str:
 
 def inline(text: str, limit: int, locale: str) -> str:
     """Untrusted one-line text, escaped, cut to ``limit`` characters with a visible marker."""
-    if len(text) <= limit:
+    kept = cut_index(text, limit)
+    if kept == len(text):
         return escape_inline(text)
-    marker = md_text(msg("card.truncated", count=len(text) - limit), locale)
-    return escape_inline(text[:limit]) + " " + marker
+    marker = md_text(msg("card.truncated", count=len(text) - kept), locale)
+    return escape_inline(text[:kept]) + " " + marker
+
+
+def question_markdown(text: str, limit: int, locale: str) -> str:
+    """A question the agent wrote, as neutralised markdown (seed 001 R3), cut with a visible marker."""
+    kept = cut_index(text, limit)
+    rendered = escape_question(text[:kept])
+    if kept == len(text):
+        return rendered
+    return rendered + "\n" + md_text(msg("card.truncated", count=len(text) - kept), locale)
 
 
 def _more(count: int, locale: str) -> str:
@@ -98,7 +122,7 @@ def image_grid(
     view: ImageGridView, limits: Limits, langs: Langs, image_keys: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """Up to 9 images as an img / img_combination, then sizes, unreachable ones and a footer."""
-    shown = view.items[: min(MAX_GRID_IMAGES, limits.images)]
+    shown = view.items[: min(IMAGE_GRID_LIMIT, limits.images)]
     keys = [key for item in shown if (key := _image_key(item, image_keys))]
     elements: list[dict[str, Any]] = []
     if view.prompt:
@@ -132,22 +156,27 @@ def _image_element(keys: list[str]) -> dict[str, Any]:
 def _image_notes(
     view: ImageGridView, shown: tuple[ImageItem, ...], image_keys: Mapping[str, str], locale: str
 ) -> str:
-    lines = []
-    for number, item in enumerate(shown, start=1):
-        facts = [
-            escape_inline(fact) for fact in (mime_tag(item.mime), format_image_bytes(item.size_bytes)) if fact
-        ]
-        line = f"{number}. " + " · ".join(facts) if facts else f"{number}."
-        if _image_key(item, image_keys) is None:
-            where = item.path or item.url or ""
-            unreachable = md_text(msg("view.image.unreachable"), locale)
-            line = f"{line} {unreachable}: {inline(where, 300, locale)}"
-        lines.append(line)
+    lines = [_image_note(number, item, image_keys, locale) for number, item in enumerate(shown, start=1)]
     hidden = image_hidden(view, limit=len(shown))
     if hidden is not None:
         lines.append(md_text(hidden, locale))
     lines.append(md_text(cap_params(image_footer(view), 80), locale))
     return "\n".join(lines)
+
+
+def _image_note(number: int, item: ImageItem, image_keys: Mapping[str, str], locale: str) -> str:
+    """``1. 2 KB · PNG`` (seed 000 step 3: size, then type), and 图片不可达 when it has no key.
+
+    An unreachable image never shows its path or URL: that would tell the chat which paths exist on
+    the host (issue 15 item 1).
+    """
+    badge = [
+        escape_inline(fact) for fact in (format_image_bytes(item.size_bytes), mime_tag(item.mime)) if fact
+    ]
+    line = f"{number}. " + " · ".join(badge) if badge else f"{number}."
+    if _image_key(item, image_keys) is None:
+        line = f"{line} {md_text(msg('view.image.unreachable'), locale)}"
+    return line
 
 
 # -- ask answers (ask_user_questions result) ---------------------------------------------------
@@ -163,7 +192,7 @@ def _answers_text(view: AskAnswersView, limits: Limits, locale: str) -> str:
     for answer in view.answers[: limits.view_items]:
         lines = [f"**{inline(answer.question, limits.view_chars, locale)}**"]
         if answer.labels:
-            lines.append(" ".join(_tag(label[:100], "blue") for label in answer.labels))
+            lines.append(" ".join(_tag(cut_text(label, LABEL_CHARS), "blue") for label in answer.labels))
         if answer.custom_input:
             quoted = block(answer.custom_input, limits.view_chars, locale)
             lines.extend("> " + line for line in quoted.split("\n"))
@@ -198,9 +227,9 @@ def subagent_rows(view: SubagentRowsView, limits: Limits, langs: Langs) -> list[
 
 
 def _row_line(row: SubagentRow, locale: str) -> str:
-    head = [f"#{escape_inline(row.task_id[:40])}" if row.task_id else "#?"]
+    head = [f"#{escape_inline(cut_text(row.task_id, ROW_FIELD_CHARS))}" if row.task_id else "#?"]
     if row.agent_type:
-        head.append(escape_inline(row.agent_type[:40]))
+        head.append(escape_inline(cut_text(row.agent_type, ROW_FIELD_CHARS)))
     status = md_text(cap_params(subagent_status_text(row), 40), locale) or "?"
     head.append(f"<text_tag color='{_STATUS_COLOURS.get(row.status_kind, 'neutral')}'>{status}</text_tag>")
     stats = [md_text(part, locale) for part in subagent_stats(row)]
@@ -213,64 +242,6 @@ def _rows_footer(view: SubagentRowsView, hidden: int, locale: str) -> str:
     lines = [_more(hidden, locale)] if hidden > 0 else []
     if view.wait is not None:
         lines.append(md_text(wait_summary_msg(view.wait), locale))
-    return "\n".join(lines)
-
-
-# -- asktool answer summary (seed 001) ---------------------------------------------------------
-
-
-def asktool_summary(view: AskToolView, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
-    """Per question: number, question, answers ✓, every option with the chosen ones marked."""
-    return [langs.markdown(lambda locale: _asktool_text(view, limits, locale))]
-
-
-def _asktool_text(view: AskToolView, limits: Limits, locale: str) -> str:
-    declined = not view.pending and all(answer is None for answer in view.answers)
-    none_key = "view.asktool.answerPending" if view.pending else "view.asktool.answerSkipped"
-    if declined:
-        none_key = "view.asktool.answerDeclined"
-    shown = view.questions[: limits.view_items]
-    parts = []
-    for number, question in enumerate(shown, start=1):
-        answer = view.answers[number - 1] if number - 1 < len(view.answers) else None
-        parts.append(
-            _asktool_question(number, question, answer, none_key=none_key, limits=limits, locale=locale)
-        )
-    hidden = len(view.questions) - len(shown)
-    if hidden > 0:
-        parts.append(_more(hidden, locale))
-    return "\n\n".join(parts)
-
-
-def _asktool_question(
-    number: int,
-    question: AskQuestion,
-    answer: tuple[str, ...] | None,
-    *,
-    none_key: str,
-    limits: Limits,
-    locale: str,
-) -> str:
-    kind = "view.asktool.kindMulti" if question.multi_select else "view.asktool.kindSingle"
-    lines = [
-        f"**{number}.** {inline(question.question, limits.view_chars, locale)} · {md_text(msg(kind), locale)}"
-    ]
-    labels = [option.label for option in question.options]
-    if answer is None:
-        lines.append(md_text(msg(none_key), locale))
-    else:
-        chosen = "、".join(inline(value, limits.view_chars, locale) for value in answer)
-        lines.append(f"✓ {chosen}")
-        typed = [value for value in answer if value not in labels]
-        custom = md_text(msg("view.asktool.answerCustom"), locale)
-        lines.extend(f"✎ {custom}: {inline(value, limits.view_chars, locale)}" for value in typed)
-    chosen_set = set(answer or ())
-    for label in labels[:MAX_OPTIONS_LISTED]:
-        mark = "☑" if label in chosen_set else "☐"
-        text = inline(label, limits.view_chars, locale)
-        lines.append(f"{mark} **{text}**" if label in chosen_set else f"{mark} {text}")
-    if len(labels) > MAX_OPTIONS_LISTED:
-        lines.append(_more(len(labels) - MAX_OPTIONS_LISTED, locale))
     return "\n".join(lines)
 
 

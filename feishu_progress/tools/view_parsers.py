@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from feishu_progress.tools._values import as_int, as_mapping, get_int, get_list, get_str, parse_result
-from feishu_progress.tools.types import (
+from feishu_progress.tools.readers import as_int, as_mapping, get_int, get_list, get_str, parse_result
+from feishu_progress.tools.view_models import (
     AskAnswer,
     AskAnswersView,
     ImageGridView,
@@ -25,31 +26,44 @@ def _text_or_none(node: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+def _size_bytes(value: Any) -> int | None:
+    """A byte count: a finite number, rounded down (1536.7 → 1536, like formatImageBytes' Math.floor)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # seed 000 D7: a non-finite size gets no badge
+    size = math.floor(value)
+    return size if size >= 0 else None
+
+
 def _image_item(raw: Any) -> ImageItem | None:
     node = as_mapping(raw)
     url, path = _text_or_none(node, "image_url"), _text_or_none(node, "image_path")
     if url is None and path is None:
         return None
-    size = as_int(node.get("size_bytes"))
     return ImageItem(
-        url=url,
-        path=path,
-        size_bytes=size if size is not None and size >= 0 else None,
-        mime=_text_or_none(node, "mime"),
+        url=url, path=path, size_bytes=_size_bytes(node.get("size_bytes")), mime=_text_or_none(node, "mime")
     )
 
 
 def parse_image_gen(result: Any, fallback_prompt: str = "") -> ImageGridView | None:
     """generate_image / edit_image: ``{images: [{image_url, image_path, size_bytes, mime}], model, size}``.
 
-    ``images`` must be a non-empty list whose first item has a string image_url or image_path; every
-    usable item is kept (the card shows the first 9). ``fallback_prompt`` is the call's prompt argument.
+    Seed 000 D7: ``images`` must be a non-empty list whose first item has a string ``image_url``, else
+    the result is not an image view (the card shows it raw). Every later item with a url or a path is
+    kept (the card shows the first 9). ``fallback_prompt`` is the call's prompt argument.
     """
     node = as_mapping(parse_result(result))
     images = node.get("images")
-    if not isinstance(images, list) or not images or _image_item(images[0]) is None:
+    if (
+        not isinstance(images, list)
+        or not images
+        or not isinstance(as_mapping(images[0]).get("image_url"), str)
+    ):
         return None
     items = tuple(item for item in map(_image_item, images) if item is not None)
+    if not items:
+        return None  # a blank url and no path: nothing to show
     return ImageGridView(
         prompt=get_str(node, "prompt") or fallback_prompt,
         model=get_str(node, "model"),

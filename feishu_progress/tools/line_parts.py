@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools._values import first_chars, get_str, one_line
+from feishu_progress.i18n import Msg, Text, plural
+from feishu_progress.i18n.user_text import one_line
+from feishu_progress.tools.readers import first_chars, get_str
 
 # Seed 000 §3.3: the reason is the first 40 characters of ``error``.
 REASON_LIMIT = 40
@@ -33,8 +34,8 @@ def with_detail(line_label: Msg, detail: Msg | None) -> Msg:
 
 
 def count(key: str, n: int) -> Msg:
-    """A counted noun: ``<key>.one`` for exactly one, ``<key>.other`` otherwise (English-style plurals)."""
-    return Msg(f"{key}.one" if n == 1 else f"{key}.other", {"n": n})
+    """A counted noun: ``<key>.one`` or ``<key>.other``, picked by the locale's plural rule on translation."""
+    return plural(key, "n", {"n": n})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The card's size budget: limits per shrink level, measurement, and byte-exact cutting.
+"""The card's size budget: limits per shrink level, measurement, and the longest prefix that fits.
 
 Feishu refuses a card over 30 KB, 200 elements or 5 levels. The builder renders with the most
 generous ``Limits`` first and steps down the ladder until the card fits ``TARGET_BYTES`` (a margin
@@ -28,7 +28,8 @@ class Limits:
     tools: int  # newest tool calls shown
     views: bool  # rich views / raw results as collapsible panels
     view_chars: int  # per long text inside a view (raw result, recent output, answer)
-    view_items: int  # rows per view (answers, subagent rows, asktool questions)
+    view_items: int  # rows per view (answers, subagent rows)
+    asktool_chars: int  # free text of one asktool summary, all questions, answers and options together
     images: int  # images per grid (≤ 9)
     questions: int  # form questions per ask
     options: int  # options per form question
@@ -36,20 +37,23 @@ class Limits:
     title_chars: int
 
 
+# asktool_chars: level 0 never cuts anything a card can hold (30 KB is ~10 000 CJK characters, and
+# each markdown text is there once per locale); the next levels cut the longest texts harder.
 LEVELS: tuple[Limits, ...] = (
-    Limits(tools=30, views=True, view_chars=3000, view_items=20, images=9, questions=10, options=30,
-           error_chars=3000, title_chars=200),
-    Limits(tools=20, views=True, view_chars=1200, view_items=12, images=9, questions=10, options=20,
-           error_chars=1500, title_chars=200),
-    Limits(tools=12, views=True, view_chars=400, view_items=6, images=6, questions=8, options=12,
-           error_chars=800, title_chars=120),
-    Limits(tools=8, views=True, view_chars=150, view_items=3, images=3, questions=5, options=8,
-           error_chars=400, title_chars=100),
-    Limits(tools=5, views=False, view_chars=0, view_items=0, images=0, questions=3, options=5,
-           error_chars=200, title_chars=80),
-    Limits(tools=2, views=False, view_chars=0, view_items=0, images=0, questions=1, options=3,
-           error_chars=100, title_chars=60),
+    Limits(tools=30, views=True, view_chars=3000, view_items=20, asktool_chars=30_000, images=9,
+           questions=10, options=30, error_chars=3000, title_chars=200),
+    Limits(tools=20, views=True, view_chars=1200, view_items=12, asktool_chars=4000, images=9,
+           questions=10, options=20, error_chars=1500, title_chars=200),
+    Limits(tools=12, views=True, view_chars=400, view_items=6, asktool_chars=1500, images=6,
+           questions=8, options=12, error_chars=800, title_chars=120),
+    Limits(tools=8, views=True, view_chars=150, view_items=3, asktool_chars=600, images=3,
+           questions=5, options=8, error_chars=400, title_chars=100),
+    Limits(tools=5, views=False, view_chars=0, view_items=0, asktool_chars=0, images=0,
+           questions=3, options=5, error_chars=200, title_chars=80),
+    Limits(tools=2, views=False, view_chars=0, view_items=0, asktool_chars=0, images=0,
+           questions=1, options=3, error_chars=100, title_chars=60),
 )  # fmt: skip
+MIN_TEXT_CAP = 12  # a text cut to fit keeps at least this much: enough to recognise it
 
 
 def json_bytes(value: Any) -> int:
@@ -76,8 +80,19 @@ def longest_prefix(text: str, max_bytes: int, size: Callable[[str], int]) -> int
     return low
 
 
-def cut_chars(text: str, limit: int) -> tuple[str, int]:
-    """``text`` cut to ``limit`` characters, and how many were dropped."""
-    if len(text) <= limit:
-        return text, 0
-    return text[:limit], len(text) - limit
+def fair_cap(lengths: list[int], budget: int) -> int | None:
+    """The longest length every text may keep so that together they fit ``budget``; None if all fit.
+
+    Water-filling: texts shorter than the cap stay whole and only the longest are cut, all to the
+    same length. Never below ``MIN_TEXT_CAP``: the texts are all shown, so each keeps a recognisable
+    head even when that overshoots the budget (the builder's smaller levels then take over).
+    """
+    if sum(lengths) <= budget:
+        return None
+    remaining, count = budget, len(lengths)
+    for length in sorted(lengths):
+        if length * count > remaining:
+            return max(remaining // count, MIN_TEXT_CAP)
+        remaining -= length
+        count -= 1
+    return None  # unreachable: the sum exceeds the budget, so some text is longer than its share

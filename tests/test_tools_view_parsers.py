@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from feishu_progress.i18n import translate
-from feishu_progress.tools.types import ImageItem, StatusKind, WaitSummary
-from feishu_progress.tools.view_texts import (
+from feishu_progress.tools.view_labels import (
     format_image_bytes,
     image_footer,
     image_hidden,
@@ -18,7 +17,8 @@ from feishu_progress.tools.view_texts import (
     subagent_status_text,
     wait_summary_msg,
 )
-from feishu_progress.tools.views import parse_ask_answers, parse_image_gen, parse_subagent_rows
+from feishu_progress.tools.view_models import ImageItem, StatusKind, WaitSummary
+from feishu_progress.tools.view_parsers import parse_ask_answers, parse_image_gen, parse_subagent_rows
 
 
 def _image(n: int) -> dict[str, Any]:
@@ -49,11 +49,11 @@ def test_image_gen_keeps_every_item_and_raw_fields() -> None:
     assert translate(image_footer(view)) == "12 张图 · gpt-image-1 · 1024x1024"
 
 
-def test_image_gen_from_json_string_and_path_only_items() -> None:
-    result = json.dumps({"images": [{"image_path": "/p.png"}, {"image_url": "u"}, "junk", {}]})
+def test_image_gen_from_json_string_and_path_only_later_items() -> None:
+    result = json.dumps({"images": [{"image_url": "u"}, {"image_path": "/p.png"}, "junk", {}]})
     view = parse_image_gen(result, fallback_prompt="args prompt")
     assert view is not None
-    assert [(i.url, i.path) for i in view.items] == [(None, "/p.png"), ("u", None)]
+    assert [(i.url, i.path) for i in view.items] == [("u", None), (None, "/p.png")]
     assert view.prompt == "args prompt"
     assert image_hidden(view) is None
     assert translate(image_footer(view)) == "2 张图"
@@ -69,6 +69,8 @@ def test_image_gen_from_json_string_and_path_only_items() -> None:
         {"images": [{"image_url": 3}]},
         {"images": ["a.png"]},
         {"images": [{"other": 1}, _image(1)]},  # the first item decides
+        {"images": [{"image_path": "/p.png"}, _image(1)]},  # seed 000 D7: a string image_url first
+        {"images": [{"image_url": ""}]},  # nothing to show
         [_image(1)],
     ],
 )
@@ -76,11 +78,19 @@ def test_image_gen_unrecognised_shapes(result: Any) -> None:
     assert parse_image_gen(result) is None
 
 
-@pytest.mark.parametrize("size", [-1, "big", 1.5, True, float("inf")])
+@pytest.mark.parametrize("size", [-1, "big", True, None, float("inf"), float("-inf"), float("nan")])
 def test_image_size_that_is_not_a_count_is_dropped(size: Any) -> None:
     view = parse_image_gen({"images": [{"image_url": "u", "size_bytes": size}]})
     assert view is not None
     assert view.items[0].size_bytes is None
+
+
+@pytest.mark.parametrize(("size", "badge"), [(1536.7, "1 KB"), (2048.0, "2 KB"), (0.5, "0 B"), (3, "3 B")])
+def test_finite_non_integer_size_is_rounded_down(size: float, badge: str) -> None:
+    """Seed 000 step 3: 1536.7 bytes still gets a badge (Math.floor), only a non-finite size has none."""
+    view = parse_image_gen({"images": [{"image_url": "u", "size_bytes": size}]})
+    assert view is not None
+    assert format_image_bytes(view.items[0].size_bytes) == badge
 
 
 def test_image_byte_and_mime_labels() -> None:

@@ -1,8 +1,7 @@
-"""What tools/ hands to cards/: a tool call's meaning, free of markdown and of any locale.
+"""Rich views that tools/ parses out of tool results and cards/ renders (images, answers, subagents, asktool).
 
 Strings inside these objects are raw, untrusted text (paths, queries, model output): cards/
-escapes every one of them when it renders. ``Msg`` templates come from the i18n catalogs and are
-trusted; their ``str`` params are untrusted and escaped by cards/ too.
+escapes every one of them when it renders.
 """
 
 from __future__ import annotations
@@ -11,13 +10,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from feishu_progress.domain import AskQuestion
-from feishu_progress.i18n import Text
-
-
-class LineState(StrEnum):
-    RUNNING = "running"
-    OK = "ok"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,19 +101,3 @@ class AskToolView:
 
 
 ToolView = ImageGridView | AskAnswersView | SubagentRowsView | AskToolView
-
-
-@dataclass(frozen=True, slots=True)
-class ToolLine:
-    """One line of 本轮工具, plus the rich view under it when the result has a known shape.
-
-    ``raw_result`` holds the result as text when it should be shown collapsed (a view could not be
-    built for a result that carries more than the line says): never lost, never raw JSON in a view.
-    """
-
-    call_id: str
-    name: str
-    summary: Text
-    state: LineState
-    view: ToolView | None = None
-    raw_result: str | None = None

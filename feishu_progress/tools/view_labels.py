@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from feishu_progress.i18n import Msg, Text
-from feishu_progress.tools.summaries import wait_summary_msg
-from feishu_progress.tools.types import ImageGridView, SubagentRow
+from feishu_progress.i18n.user_text import cut_text
+from feishu_progress.tools.view_models import ImageGridView, SubagentRow, WaitSummary
 
 # D1: the grid shows at most 9 images (3×3).
 IMAGE_GRID_LIMIT = 9
 _KIB = 1024
+MIME_TAG_CHARS = 8  # PNG, JPEG, WEBP, SVG+XML: a badge, not a sentence
 _STATUS_WORDS = ("RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED")
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "mime_tag",
     "subagent_stats",
     "subagent_status_text",
+    "subagent_status_word",
     "wait_summary_msg",
 ]
 
@@ -54,7 +56,7 @@ def mime_tag(mime: str | None) -> str:
     """``image/png`` → ``PNG``; "" when there is no usable subtype."""
     if not mime or "/" not in mime:
         return ""
-    return mime.rsplit("/", 1)[-1].split(";", 1)[0].strip().upper()[:8]
+    return cut_text(mime.rsplit("/", 1)[-1].split(";", 1)[0].strip().upper(), MIME_TAG_CHARS, ellipsis="")
 
 
 def subagent_stats(row: SubagentRow) -> tuple[Msg, ...]:
@@ -70,7 +72,23 @@ def subagent_stats(row: SubagentRow) -> tuple[Msg, ...]:
     return tuple(parts)
 
 
+def subagent_status_word(status: str) -> Msg | None:
+    """运行中 / 恢复中 / 已完成 / 失败 / 已取消 for a known status (any case), else None."""
+    upper = status.upper()
+    return Msg(f"view.subagents.status.{upper}") if upper in _STATUS_WORDS else None
+
+
 def subagent_status_text(row: SubagentRow) -> Text:
     """The localized status word for known statuses, else the status as the tool reported it."""
-    upper = row.status.upper()
-    return Msg(f"view.subagents.status.{upper}") if upper in _STATUS_WORDS else row.status
+    return subagent_status_word(row.status) or row.status
+
+
+def wait_summary_msg(summary: WaitSummary) -> Msg:
+    """``完成 N 个 · 全部完成`` / ``完成 N 个 · 已超时`` / ``完成 N 个``."""
+    if summary.all_completed:
+        key = "view.subagents.waitAll"
+    elif summary.timed_out:
+        key = "view.subagents.waitTimeout"
+    else:
+        key = "view.subagents.waitDone"
+    return Msg(key, {"n": summary.completed})

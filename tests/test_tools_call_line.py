@@ -1,4 +1,4 @@
-"""describe_tool_call: view vs raw result, and never raising on any input (hypothesis)."""
+"""line_for_call: view vs raw result, and never raising on any input (hypothesis)."""
 
 from __future__ import annotations
 
@@ -11,42 +11,60 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feishu_progress.domain import ToolCall
-from feishu_progress.i18n import Msg, all_messages, translate
-from feishu_progress.i18n.core import CATALOG_LOCALES
-from feishu_progress.tools.describe import describe_strictly, describe_tool_call
+from feishu_progress.i18n import CATALOG_LOCALES, Msg, all_messages, translate
+from feishu_progress.tools.call_line import line_for_call, line_for_call_strictly
+from feishu_progress.tools.line_model import LineState, ToolLine
+from feishu_progress.tools.readers import RAW_RESULT_LIMIT
 from feishu_progress.tools.summaries import TOOLS
-from feishu_progress.tools.types import (
+from feishu_progress.tools.view_models import (
+    AskAnswer,
     AskAnswersView,
     ImageGridView,
-    LineState,
+    ImageItem,
+    StatusKind,
     SubagentRowsView,
-    ToolLine,
 )
 
 
 def _finished(name: str, args: Any, result: Any) -> ToolLine:
-    return describe_tool_call(ToolCall("id-1", name, args, result, finished=True))
+    return line_for_call(ToolCall("id-1", name, args, result, finished=True))
 
 
 def test_image_result_gets_a_view_and_no_raw() -> None:
     line = _finished("generate_image", {"prompt": "猫"}, {"images": [{"image_url": "u"}], "model": "m"})
-    assert isinstance(line.view, ImageGridView)
-    assert line.view.prompt == "猫"
+    assert line.view == ImageGridView(
+        prompt="猫", model="m", size="", items=(ImageItem(url="u", path=None, size_bytes=None, mime=None),)
+    )
     assert line.raw_result is None
     assert (line.call_id, line.name) == ("id-1", "generate_image")
 
 
 def test_views_for_answers_and_subagents() -> None:
     answers = {"answers": [{"question": "Q", "selectedLabels": ["A"], "customInput": None}]}
-    assert isinstance(_finished("ask_user_questions", {}, answers).view, AskAnswersView)
-    rows = {"background_subagents": [{"taskId": 1, "status": "RUNNING"}]}
-    assert isinstance(_finished("check_subagent", {}, rows).view, SubagentRowsView)
+    line = _finished("ask_user_questions", {}, answers)
+    assert line.view == AskAnswersView(answers=(AskAnswer(question="Q", labels=("A",), custom_input=""),))
+    rows = {"background_subagents": [{"taskId": 1, "status": "RUNNING", "totalRounds": 2}]}
+    view = _finished("check_subagent", {}, rows).view
+    assert isinstance(view, SubagentRowsView)
+    assert [(row.task_id, row.status, row.status_kind, row.rounds) for row in view.rows] == [
+        ("1", "RUNNING", StatusKind.RUNNING, 2)
+    ]
+    assert view.wait is None
 
 
-def test_view_tool_with_unexpected_shape_shows_raw() -> None:
-    line = _finished("generate_image", {"prompt": "猫"}, {"data": [{"b64": "..."}]})
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"data": [{"b64": "..."}]},
+        # Seed 000 D7: a first image without a string image_url is not an image view.
+        {"images": [{"image_path": "/data/a.png"}, {"image_url": "u"}]},
+        {"images": [{"image_url": 7}]},
+    ],
+)
+def test_view_tool_with_unexpected_shape_shows_raw(result: dict[str, Any]) -> None:
+    line = _finished("generate_image", {"prompt": "猫"}, result)
     assert line.view is None
-    assert line.raw_result == '{"data":[{"b64":"..."}]}'
+    assert line.raw_result is not None and json.loads(line.raw_result) == result
 
 
 def test_wait_without_timeout_keeps_results_raw() -> None:
@@ -84,12 +102,12 @@ def test_known_tool_with_unexpected_text_result_keeps_it() -> None:
 def test_raw_result_is_bounded() -> None:
     line = _finished("brand_new_tool", {}, "x" * 50_000)
     assert line.raw_result is not None
-    assert len(line.raw_result) <= 3000
-    assert line.raw_result.endswith("…")
+    # The one ellipsis rule: the limit counts the characters kept, the ellipsis comes after them.
+    assert line.raw_result == "x" * RAW_RESULT_LIMIT + "…"
 
 
 def test_running_call_ignores_any_result() -> None:
-    line = describe_tool_call(ToolCall("c", "shell", {"command": "ls"}, {"error": "x"}, finished=False))
+    line = line_for_call(ToolCall("c", "shell", {"command": "ls"}, {"error": "x"}, finished=False))
     assert line.state is LineState.RUNNING
     assert translate(line.summary) == "执行 ls"
 
@@ -110,10 +128,10 @@ def test_non_json_values_never_break_the_line() -> None:
 def test_the_safety_net_returns_a_generic_line() -> None:
     broken = ToolCall("c", "shell", {"command": "x"}, None, finished=True)
     object.__setattr__(broken, "args", _ExplodingMapping())
-    line = describe_tool_call(broken)
+    line = line_for_call(broken)
     assert translate(line.summary) == "调用 shell"
     with pytest.raises(RuntimeError):
-        describe_strictly(broken)
+        line_for_call_strictly(broken)
 
 
 class _ExplodingMapping(dict[str, Any]):
@@ -158,14 +176,14 @@ def _keys(text: Any) -> Iterator[str]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=tool_names, args=shaped_values, result=results, finished=st.booleans())
-def test_describe_never_raises_and_only_uses_catalog_keys(
+def test_line_for_call_never_raises_and_only_uses_catalog_keys(
     name: str, args: Any, result: Any, finished: bool
 ) -> None:
-    line = describe_strictly(ToolCall("c", name, args, result, finished=finished))
+    line = line_for_call_strictly(ToolCall("c", name, args, result, finished=finished))
     assert line.state in set(LineState)
     catalog = all_messages()
     for key in _keys(line.summary):
-        assert key in catalog, key
+        assert key in catalog or f"{key}.other" in catalog, key
     for locale in CATALOG_LOCALES:
         assert translate(line.summary, locale).strip()
     if line.raw_result is not None:

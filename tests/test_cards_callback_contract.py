@@ -1,4 +1,4 @@
-"""Callback values, form field names, the answers decoder, escaping and the card catalog."""
+"""Callback values, form field names, the answers decoder and the card catalog."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ from typing import Any
 
 import pytest
 
-from feishu_progress.cards.actions import callback_value, decode_form_answers, field_name, other_field_name
-from feishu_progress.cards.escape import escape_inline, escape_markdown, plain_text, sanitize_inline_title
+from feishu_progress.cards.callback_contract import (
+    callback_value,
+    decode_form_answers,
+    field_name,
+    other_field_name,
+)
 from feishu_progress.domain import AskOption, AskQuestion, PendingAsk
 from feishu_progress.i18n import CATALOG_LOCALES
 from feishu_progress.i18n.messages.card import MESSAGES
@@ -65,45 +69,6 @@ def test_missing_fields_are_unanswered() -> None:
 def test_malformed_answers_name_the_field(form: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         decode_form_answers(ASK, form, ask_index=0)
-
-
-def test_escape_inline_kills_markdown_and_tags() -> None:
-    assert escape_inline("<at id=all></at>") == "&#60;at id=all&#62;&#60;/at&#62;"
-    assert (
-        escape_inline("**b** _i_ [l](u) # h\nx")
-        == "&#42;&#42;b&#42;&#42; &#95;i&#95; &#91;l&#93;(u) &#35; h x"
-    )
-    assert escape_inline("&#60;at") == "&#38;&#35;60;at"
-
-
-@pytest.mark.parametrize(
-    "attack",
-    [
-        "<at id=all></at>",
-        "<AT ID=ALL>",
-        "< at email=a@b.c>",
-        "<at\tids=1,2>",
-        "&#60;at id=all&#62;",
-        "&lt;at id=all&gt;",
-    ],
-)
-def test_escape_markdown_never_leaves_a_live_at(attack: str) -> None:
-    out = escape_markdown(f"x {attack} y")
-    assert "<" not in out
-    if attack.startswith("&"):  # an entity in the text stays text: its "&" is escaped itself
-        assert out.startswith("x &#38;")
-
-
-def test_escape_markdown_keeps_markdown_and_limits_tables() -> None:
-    table = "| a | b |\n|---|---|\n| 1 | 2 |\n"
-    out = escape_markdown("# H\n**b**\n" + table * 6)
-    assert out.startswith("#### H\n**b**\n")
-    assert out.count("|---|---|") == 4
-
-
-def test_plain_text_and_title_sanitising() -> None:
-    assert plain_text("a\n<at id=all>") == "a ＜at id=all>"
-    assert sanitize_inline_title("  a\n*b*  [c] <d> | e\\ ") == "a b c d e"
 
 
 def test_card_catalog_is_complete() -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
-_WHITESPACE = re.compile(r"\s+")
-_ELLIPSIS = "…"
+from feishu_progress.i18n.user_text import cut_text, one_line
+
 # A raw result shown in the card is bounded: cards/ has a 30 KB budget for the whole card.
 RAW_RESULT_LIMIT = 3000
 EMPTY: Mapping[str, Any] = {}
@@ -72,22 +71,14 @@ def get_list(node: Mapping[str, Any], *keys: str) -> list[Any] | None:
     return None
 
 
-def one_line(text: str) -> str:
-    """Collapse every run of whitespace (newlines included) to one space: a summary is one line."""
-    return _WHITESPACE.sub(" ", text).strip()
-
-
 def first_chars(text: str, limit: int) -> str:
-    """The first ``limit`` characters of the one-line form, exactly (the seed's ``slice(0, n)``)."""
-    return one_line(text)[:limit]
+    """The first ``limit`` characters of the one-line form, no ellipsis (the seed's ``slice(0, n)``)."""
+    return cut_text(one_line(text), limit, ellipsis="")
 
 
 def shorten(text: str, limit: int) -> str:
     """The one-line form cut to ``limit`` characters, with an ellipsis when something was dropped."""
-    line = one_line(text)
-    if len(line) <= limit:
-        return line
-    return line[: limit - 1] + _ELLIPSIS
+    return cut_text(one_line(text), limit)
 
 
 def compact_text(value: Any, limit: int = RAW_RESULT_LIMIT) -> str:
@@ -99,6 +90,4 @@ def compact_text(value: Any, limit: int = RAW_RESULT_LIMIT) -> str:
             text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
         except (TypeError, ValueError, RecursionError):
             text = repr(value)
-    if len(text) <= limit:
-        return text
-    return text[: limit - 1] + _ELLIPSIS
+    return cut_text(text, limit)
