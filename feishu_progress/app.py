@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
@@ -35,6 +34,7 @@ from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
@@ -51,6 +51,7 @@ from feishu_progress.web.callbacks import callback_routes
 from feishu_progress.web.http import bearer_auth, json_errors
 
 if TYPE_CHECKING:
+    from feishu_progress.feishu.ws import LongConnection
     from feishu_progress.sandbox.server import RunningSandbox
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ SANDBOX_APP_ID = "cli_sandbox"
 SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
+LONG_CONNECTION_STOP_SECONDS = 5.0
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Services:
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     public_url: str | None = None
-    ws_thread: threading.Thread | None = None
+    pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
+    long_connection: LongConnection | None = None  # only when FP_FEISHU__MODE=ws
 
     def require_service(self) -> TaskService:
         if self.service is None:
@@ -106,7 +109,7 @@ class TimedSubagents:
 
 
 class _LateActions:
-    """The callback route is registered before the app starts; the handler exists only after."""
+    """The click pipeline is built before the app starts; the handler exists only after."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -141,15 +144,22 @@ def create_app(
         middlewares=[json_errors, bearer_auth(settings.api.token, prefix="/v1/", name="FP_API__TOKEN")],
     )
     app[SERVICES] = services
-    app.router.add_routes(
-        callback_routes(
-            _LateActions(services),
-            _LateDeduper(services),
-            settings,
-            services.clock,
-            observe=services.metrics.callback_latency.observe,
-        )
+    services.pipeline = CallbackPipeline(
+        _LateActions(services),
+        _LateDeduper(services),
+        settings.card.locales,
+        services.background,
+        clock=services.clock,
     )
+    if settings.feishu.mode == "webhook":  # in ws mode clicks arrive over the long connection only
+        app.router.add_routes(
+            callback_routes(
+                services.pipeline,
+                settings,
+                services.clock,
+                observe=services.metrics.callback_latency.observe,
+            )
+        )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -236,7 +246,7 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     services.background.spawn(service.persist_loop(), name="persist-snapshots")
     await _start_admin(services, stack)
     if settings.feishu.mode == "ws":
-        _start_long_connection(services)
+        _start_long_connection(services, feishu_settings)
 
 
 async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuSettings:
@@ -309,8 +319,9 @@ def _admin_deps(services: Services) -> AdminDeps:
         return None if running else "delivery scheduler not running"
 
     async def long_connection() -> str | None:
-        alive = services.ws_thread is not None and services.ws_thread.is_alive()
-        return None if alive else "long-connection receiver thread is not running"
+        if services.long_connection is None:
+            return "long-connection receiver not started"
+        return services.long_connection.problem()
 
     def cards() -> list[dict[str, object]]:
         service = services.service
@@ -342,21 +353,34 @@ def _admin_deps(services: Services) -> AdminDeps:
     )
 
 
-def _start_long_connection(services: Services) -> None:
-    from feishu_progress.feishu.ws import WsCallbackBridge, start_ws_receiver
+def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:
+    from feishu_progress.feishu.ws import WsCallbackBridge, start_long_connection
 
+    assert services.pipeline is not None
     bridge = WsCallbackBridge(
-        _LateActions(services),
-        _LateDeduper(services),
+        services.pipeline,
         asyncio.get_running_loop(),
-        services.settings.card.locales,
+        observe=services.metrics.callback_latency.observe,
     )
-    services.ws_thread = start_ws_receiver(services.settings, bridge)
+    secret = feishu.app_secret.get_secret_value() if feishu.app_secret is not None else None
+    services.long_connection = start_long_connection(feishu.app_id, secret, feishu.base_url, bridge)
     log.info("long-connection (ws) receiver started in its own thread")
+
+
+async def _stop_long_connection(services: Services) -> None:
+    connection = services.long_connection
+    if connection is None:
+        return
+    # In a worker thread: joining on the loop would block the clicks the ws thread is handing over.
+    if not await asyncio.to_thread(connection.stop, LONG_CONNECTION_STOP_SECONDS):
+        log.error(
+            "shutdown: the long-connection thread did not stop within %.0f s", LONG_CONNECTION_STOP_SECONDS
+        )
 
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
+    await _stop_long_connection(services)  # first: no clicks arrive while the rest winds down
     if services.service is not None:
         services.service.stop_loops()  # they end after their current pass; drained below
     if services.scheduler is not None:
