@@ -146,12 +146,12 @@ class ConnectionState:
             self._ping_interval = ping_interval
         log.info("feishu long connection is up")
 
-    def disconnected(self) -> None:
+    def disconnected(self, *, stopping: bool = False) -> None:
         with self._lock:
             if not self._connected:
                 return
             self._connected, self._changed_at = False, self._clock()
-        log.warning("feishu long connection is down")
+        log.log(logging.INFO if stopping else logging.WARNING, "feishu long connection is down")
 
     def frame_received(self, ping_interval: float) -> None:
         with self._lock:
@@ -249,7 +249,7 @@ class LongConnection:
         except Exception:
             log.exception("feishu long connection failed")
         finally:
-            self.state.disconnected()
+            self.state.disconnected(stopping=self._stopping)
             _close_loop(loop, client)
 
     def _build_client(self, loop: asyncio.AbstractEventLoop) -> Any:
