@@ -214,3 +214,29 @@ async def test_stopping_the_app_stops_the_receiver_thread_and_closes_its_connect
     assert time.monotonic() - started < 5  # the whole app shutdown, receiver first
     assert _receiver_threads() == []
     await _until(lambda: sandbox.gateway.connection_count == 0, 5, "the gateway to see the close")
+
+
+async def test_without_credentials_ws_mode_connects_to_the_in_process_sandboxs_gateway(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(
+        _env_file=None,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'sandboxed.db'}",
+        feishu=FeishuSettings(mode="ws"),  # no app id/secret: sandbox mode, as `demo` runs
+        http=HttpSettings(host="127.0.0.1", port=0),
+        admin=AdminSettings(host="127.0.0.1", port=0),
+    )
+    app = create_app(settings, registry=CollectorRegistry())
+    async with TestClient(TestServer(app)) as client:
+        sandbox = app[SERVICES].sandbox
+        assert sandbox is not None
+        await _until(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
+        response = await client.post(
+            "/v1/tasks",
+            json={"receive_id": CHAT, "receive_id_type": "chat_id", "requester_open_id": REQUESTER},
+        )
+        assert response.status == 201, await response.text()
+        created = await response.json()
+        delivery = await _push_cancel(sandbox, created["session_id"], created["message_id"])
+        answer = await delivery.wait(FEISHU_DEADLINE_SECONDS)
+        assert answer.body is not None and answer.body["toast"]["type"] == "success"
