@@ -16,7 +16,13 @@ from lark_oapi.event.callback.model.p2_card_action_trigger import (
 from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CardActionEvent, MemoryDeduper
 from feishu_progress.feishu.pipeline import CallbackPipeline
-from feishu_progress.feishu.ws import THREAD_NAME, WsCallbackBridge, card_action_event, start_long_connection
+from feishu_progress.feishu.ws import (
+    THREAD_NAME,
+    ConnectionState,
+    WsCallbackBridge,
+    card_action_event,
+    start_long_connection,
+)
 from feishu_progress.runtime.background import BackgroundTasks
 from tests.fakes import FakeClock
 from tests.test_callback_support import RecordingHandler, card_action_payload, make_settings
@@ -123,3 +129,21 @@ async def test_a_closed_service_loop_gets_an_error_toast_not_an_exception() -> N
     bridge = WsCallbackBridge(pipeline, other_loop)
     body = await asyncio.to_thread(bridge.respond, card_action_payload())
     assert body["toast"]["type"] == "error"
+
+
+def test_connection_state_says_never_connected_down_or_silent() -> None:
+    now = [0.0]
+    state = ConnectionState(lambda: now[0])
+    assert state.problem() == "long connection not established yet"
+    state.connected(ping_interval=10)
+    now[0] = 30.0  # three ping intervals without a frame is still fine
+    assert state.problem() is None
+    now[0] = 30.5
+    assert state.problem() == "no frame from the gateway for 30 s (pings every 10 s)"
+    state.frame_received(ping_interval=10)  # e.g. the pong
+    assert state.problem() is None
+    state.disconnected()
+    now[0] = 34.5
+    assert state.problem() == "long connection down for 4 s (reconnecting)"
+    state.connected(ping_interval=10)
+    assert state.problem() is None

@@ -172,6 +172,7 @@ async def test_discovery_refuses_a_wrong_secret_and_is_busy_while_unavailable(
     sandbox.gateway.available = False
     status, body = await _discover(http, sandbox)
     assert (status, body["code"]) == (503, 1)  # the SDK retries on this, and gives up on 10014
+    assert sandbox.gateway.discoveries == 2
 
 
 async def test_a_ticket_opens_one_connection_only(

@@ -21,12 +21,22 @@ from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
-from feishu_progress.feishu.ws import SILENT_PING_INTERVALS, THREAD_NAME
+from feishu_progress.errors import ConfigError
+from feishu_progress.feishu.callback import MemoryDeduper
+from feishu_progress.feishu.pipeline import CallbackPipeline
+from feishu_progress.feishu.ws import (
+    SILENT_PING_INTERVALS,
+    THREAD_NAME,
+    WsCallbackBridge,
+    start_long_connection,
+)
 from feishu_progress.i18n import Msg, translate
+from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.sandbox.ws_gateway import ClientConfig, Delivery
+from tests.test_callback_support import RecordingHandler
 
 pytestmark = pytest.mark.ws
 
@@ -240,3 +250,24 @@ async def test_without_credentials_ws_mode_connects_to_the_in_process_sandboxs_g
         delivery = await _push_cancel(sandbox, created["session_id"], created["message_id"])
         answer = await delivery.wait(FEISHU_DEADLINE_SECONDS)
         assert answer.body is not None and answer.body["toast"]["type"] == "success"
+
+
+async def test_stop_ends_a_client_still_waiting_to_reconnect_and_one_runs_per_process(
+    sandbox: RunningSandbox,
+) -> None:
+    sandbox.gateway.available = False  # Feishu down at startup: the first connect fails
+    pipeline = CallbackPipeline(RecordingHandler(), MemoryDeduper(60), ("zh_cn",), BackgroundTasks())
+    bridge = WsCallbackBridge(pipeline, asyncio.get_running_loop())
+    connection = start_long_connection(APP_ID, APP_SECRET, sandbox.base_url, bridge)
+    try:
+        await _until(lambda: sandbox.gateway.discoveries >= 1, CONNECT_SECONDS, "a discovery attempt")
+        # lark-oapi now sleeps up to its ReconnectNonce (30 s) before retrying.
+        assert connection.problem() == "long connection not established yet"
+        with pytest.raises(ConfigError, match="already running"):
+            start_long_connection(APP_ID, APP_SECRET, sandbox.base_url, bridge)
+    finally:
+        started = time.monotonic()
+        stopped = await asyncio.to_thread(connection.stop, 5.0)
+    assert stopped and time.monotonic() - started < 2
+    assert connection.problem() == "long-connection receiver thread is not running"
+    assert sandbox.gateway.connects == 0

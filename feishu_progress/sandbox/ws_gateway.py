@@ -52,6 +52,7 @@ ENDPOINT_PATH = "/callback/ws/endpoint"
 GATEWAY_PATH = "/ws/v2"
 APP_SECRET_INVALID = 10014
 SERVICE_ID = 33554678  # any int32; the client echoes it in its pings
+CLOSE_TIMEOUT_SECONDS = 2.0  # a client that never answers our close must not stall the sandbox's shutdown
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class WsGateway:
         self.available = True  # False: discovery answers 503, as during a Feishu outage
         self.answer_pings = True  # False: a silently dead gateway (the client sees no pong)
         self.fragment_bytes: int | None = None  # split longer payloads into sum/seq parts
+        self.discoveries = 0  # endpoint-discovery requests, answered or refused
         self.connects = 0  # websocket connections accepted, ever
         self.pings = 0
         self._clock = clock
@@ -180,6 +182,7 @@ class WsGateway:
 
     async def discover(self, request: web.Request) -> web.Response:
         """``POST /callback/ws/endpoint``: check the app's credentials, hand out a connection URL."""
+        self.discoveries += 1
         if self._closed or not self.available:
             return web.json_response({"code": 1, "msg": "system busy"}, status=503)
         try:
@@ -207,7 +210,7 @@ class WsGateway:
                 status=403, headers={"handshake-status": "403", "handshake-msg": "invalid ticket"}
             )
         self._tickets.discard(ticket)
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_SECONDS)
         await ws.prepare(request)
         connection = _Connection(request.query["device_id"], ws)
         self._connections[connection.device_id] = connection
