@@ -271,3 +271,15 @@ async def test_stop_ends_a_client_still_waiting_to_reconnect_and_one_runs_per_pr
     assert stopped and time.monotonic() - started < 2
     assert connection.problem() == "long-connection receiver thread is not running"
     assert sandbox.gateway.connects == 0
+
+
+async def test_a_refused_app_secret_ends_the_receiver_and_says_so(sandbox: RunningSandbox) -> None:
+    pipeline = CallbackPipeline(RecordingHandler(), MemoryDeduper(60), ("zh_cn",), BackgroundTasks())
+    bridge = WsCallbackBridge(pipeline, asyncio.get_running_loop())
+    connection = start_long_connection(APP_ID, "wrong-secret", sandbox.base_url, bridge)
+    try:
+        await _until(lambda: not connection.alive, CONNECT_SECONDS, "lark-oapi to give up on code 10014")
+    finally:
+        assert await asyncio.to_thread(connection.stop, 5.0)
+    assert connection.problem() == "long-connection receiver thread is not running"
+    assert (sandbox.gateway.discoveries, sandbox.gateway.connects) == (1, 0)

@@ -14,8 +14,8 @@ Caveats of lark-oapi's ``ws.Client`` (reference/lark-oapi.md §5, measured on 1.
 
 * ``import lark_oapi`` costs ~4-5 s and ~170 MB, so it happens lazily, inside the ws thread only.
 * ``lark_oapi.ws.client`` binds a module-level event loop at import time (whatever loop is current,
-  possibly the service's). We give the thread a fresh loop and overwrite that module global with it
-  before building the client; hence one ``LongConnection`` per process at a time.
+  possibly the service's). We give the thread a fresh loop and put it in that module global while the
+  thread runs (the displaced loop is put back after); hence one ``LongConnection`` per process at a time.
 * Connection state is observed by overriding three private methods of the client (``_connect``,
   ``_disconnect``, ``_handle_message``); ``tests/test_ws_mode.py`` runs them against the sandbox gateway.
 * Handlers run synchronously on the ws loop: clicks are answered one after the other.
@@ -192,8 +192,10 @@ class LongConnection:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._lock = threading.Lock()
         self._stopping = False
+        self._closing = False  # only touched on the ws thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
+        self._restore_sdk_loop: Callable[[], None] = lambda: None
 
     @property
     def alive(self) -> bool:
@@ -227,11 +229,20 @@ class LongConnection:
 
     def _cancel_on_loop(self) -> None:
         with self._lock:
-            loop, client = self._loop, self._client
+            loop = self._loop
         if loop is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the thread is ending
-            loop.call_soon_threadsafe(_cancel_client_tasks, client)
+            loop.call_soon_threadsafe(self._cancel_client_tasks)
+
+    def _cancel_client_tasks(self) -> None:
+        """On the ws loop: no reconnect after this, and every task (start()'s included) is cancelled."""
+        if self._closing:
+            return  # _close_loop is winding down; a late cancel must not interrupt it
+        if self._client is not None:
+            self._client._auto_reconnect = False
+        for task in asyncio.all_tasks():
+            task.cancel()
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -249,14 +260,25 @@ class LongConnection:
         except Exception:
             log.exception("feishu long connection failed")
         finally:
+            self._closing = True
             self.state.disconnected(stopping=self._stopping)
             _close_loop(loop, client)
+            self._restore_sdk_loop()
 
     def _build_client(self, loop: asyncio.AbstractEventLoop) -> Any:
         import lark_oapi as lark
         import lark_oapi.ws.client as sdk_ws_client
 
-        sdk_ws_client.loop = loop  # see the module docstring: the SDK's import-time loop may be ours
+        # See the module docstring: the SDK's import-time loop may be the service's. It is not ours to
+        # close, so it is given back when this thread ends (dropping it would leak it unclosed).
+        displaced = sdk_ws_client.loop
+        sdk_ws_client.loop = loop
+
+        def restore() -> None:
+            if sdk_ws_client.loop is loop:
+                sdk_ws_client.loop = displaced
+
+        self._restore_sdk_loop = restore
         dispatcher = (
             lark.EventDispatcherHandler.builder("", "")
             .register_p2_card_action_trigger(self._bridge.on_card_action)
@@ -285,14 +307,6 @@ def _observed_client_class(base: Any, state: ConnectionState) -> Any:
             await super()._handle_message(msg)
 
     return ObservedClient
-
-
-def _cancel_client_tasks(client: Any) -> None:
-    """On the ws loop: no reconnect after this, and every task (start()'s included) is cancelled."""
-    if client is not None:
-        client._auto_reconnect = False
-    for task in asyncio.all_tasks():
-        task.cancel()
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop, client: Any) -> None:
