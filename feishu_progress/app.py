@@ -32,6 +32,7 @@ from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
@@ -62,6 +63,7 @@ SANDBOX_APP_ID = "cli_sandbox"
 SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
+LONG_CONNECTION_STOP_SECONDS = 5.0
 
 __all__ = ["SERVICES", "Services", "create_app"]
 
@@ -118,11 +120,17 @@ def create_app(
         middlewares=[json_errors, bearer_auth(settings.api.token, prefix="/v1/", name="FP_API__TOKEN")],
     )
     app[SERVICES] = services
-    if settings.feishu.mode == "webhook":
+    services.pipeline = CallbackPipeline(
+        _LateActions(services),
+        _LateDeduper(services),
+        settings.card.locales,
+        services.background,
+        clock=services.clock,
+    )
+    if settings.feishu.mode == "webhook":  # in ws mode clicks arrive over the long connection only
         app.router.add_routes(
             callback_routes(
-                _LateActions(services),
-                _LateDeduper(services),
+                services.pipeline,
                 settings,
                 services.clock,
                 observe=services.metrics.callback_latency.observe,
@@ -171,7 +179,7 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     _start_loops(services, service)
     await _start_admin(services, stack)
     if services.settings.feishu.mode == "ws":
-        _start_long_connection(services)
+        _start_long_connection(services, feishu_settings)
 
 
 async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
@@ -291,21 +299,34 @@ async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     log.info("admin listener on %s", services.admin_url)
 
 
-def _start_long_connection(services: Services) -> None:
-    from feishu_progress.feishu.ws import WsCallbackBridge, start_ws_receiver
+def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:
+    from feishu_progress.feishu.ws import WsCallbackBridge, start_long_connection
 
+    assert services.pipeline is not None
     bridge = WsCallbackBridge(
-        _LateActions(services),
-        _LateDeduper(services),
+        services.pipeline,
         asyncio.get_running_loop(),
-        services.settings.card.locales,
+        observe=services.metrics.callback_latency.observe,
     )
-    services.ws_thread = start_ws_receiver(services.settings, bridge)
+    secret = feishu.app_secret.get_secret_value() if feishu.app_secret is not None else None
+    services.long_connection = start_long_connection(feishu.app_id, secret, feishu.base_url, bridge)
     log.info("long-connection (ws) receiver started in its own thread")
+
+
+async def _stop_long_connection(services: Services) -> None:
+    connection = services.long_connection
+    if connection is None:
+        return
+    # In a worker thread: joining on the loop would block the clicks the ws thread is handing over.
+    if not await asyncio.to_thread(connection.stop, LONG_CONNECTION_STOP_SECONDS):
+        log.error(
+            "shutdown: the long-connection thread did not stop within %.0f s", LONG_CONNECTION_STOP_SECONDS
+        )
 
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
+    await _stop_long_connection(services)  # first: no clicks arrive while the rest winds down
     if services.stopper is not None:
         services.stopper.stop()  # the loops end after their current pass; drained below
     if services.scheduler is not None:

@@ -6,7 +6,7 @@
 
 Every call validates exactly like the HTTP API (a bad event raises ``EventRejected`` naming
 ``events[i].field`` and nothing of the batch is applied). With ``serve_http`` the public listener
-still runs, because Feishu must reach ``POST /feishu/callback`` for clicks.
+still runs, because in webhook mode Feishu must reach ``POST /feishu/callback`` for clicks.
 """
 
 from __future__ import annotations

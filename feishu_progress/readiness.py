@@ -52,8 +52,9 @@ async def _scheduler(services: Services) -> str | None:
 
 
 async def _long_connection(services: Services) -> str | None:
-    alive = services.ws_thread is not None and services.ws_thread.is_alive()
-    return None if alive else "long-connection receiver thread is not running"
+    if services.long_connection is None:
+        return "long-connection receiver not started"
+    return services.long_connection.problem()
 
 
 def live_cards(services: Services) -> list[dict[str, object]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,8 @@ from feishu_progress.waiting import Stopper
 if TYPE_CHECKING:
     from feishu_progress.db.engine import Database
     from feishu_progress.feishu.client import FeishuClient
+    from feishu_progress.feishu.pipeline import CallbackPipeline
+    from feishu_progress.feishu.ws import LongConnection
     from feishu_progress.progress.scheduler import DeliveryScheduler
     from feishu_progress.runtime.card_actions import CardActions
     from feishu_progress.runtime.dedupe import PersistentDeduper
@@ -41,7 +42,8 @@ class Services:
     deduper: PersistentDeduper | None = None
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
-    ws_thread: threading.Thread | None = None
+    pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
+    long_connection: LongConnection | None = None  # only when FP_FEISHU__MODE=ws
 
     def require_service(self) -> TaskService:
         if self.service is None:

@@ -15,8 +15,10 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.feishu.callback import MemoryDeduper
-from feishu_progress.web.callbacks import CALLBACK_PATH, CallbackEndpoint, callback_routes
+from feishu_progress.feishu.pipeline import CallbackPipeline
+from feishu_progress.web.callbacks import CALLBACK_PATH, callback_routes
 from tests.fakes import FakeClock
 from tests.test_callback_support import (
     WALL_NOW,
@@ -46,12 +48,11 @@ async def _client(
     settings_ = make_settings()
     clock = _clock()
     deduper = MemoryDeduper(ttl_seconds=3600, now=clock.monotonic)
+    pipeline = CallbackPipeline(
+        handler, deduper, settings_.card.locales, BackgroundTasks(), reply_timeout=reply_timeout or 2.5
+    )
     app = web.Application()
-    if reply_timeout is None:
-        app.add_routes(callback_routes(handler, deduper, settings_, clock, observe=_appender(observed)))
-    else:
-        endpoint = CallbackEndpoint(handler, deduper, settings_, clock, reply_timeout=reply_timeout)
-        app.add_routes([web.post(CALLBACK_PATH, endpoint.handle)])
+    app.add_routes(callback_routes(pipeline, settings_, clock, observe=_appender(observed)))
     return await aiohttp_client(app)
 
 

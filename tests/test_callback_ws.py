@@ -13,9 +13,17 @@ from lark_oapi.event.callback.model.p2_card_action_trigger import (
     P2CardActionTriggerResponse,
 )
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CardActionEvent, MemoryDeduper
-from feishu_progress.feishu.ws import WsCallbackBridge, card_action_event, start_ws_receiver
+from feishu_progress.feishu.pipeline import CallbackPipeline
+from feishu_progress.feishu.ws import (
+    THREAD_NAME,
+    ConnectionState,
+    WsCallbackBridge,
+    card_action_event,
+    start_long_connection,
+)
 from tests.fakes import FakeClock
 from tests.test_callback_support import RecordingHandler, card_action_payload, make_settings
 
@@ -31,9 +39,13 @@ def _trigger(
     return lark.JSON.unmarshal(json.dumps(payload), P2CardActionTrigger)
 
 
-def _bridge(handler: RecordingHandler, reply_timeout: float = 2.5) -> WsCallbackBridge:
+def _bridge(
+    handler: RecordingHandler, reply_timeout: float = 2.5, observed: list[float] | None = None
+) -> WsCallbackBridge:
     deduper = MemoryDeduper(ttl_seconds=60, now=FakeClock().monotonic)
-    return WsCallbackBridge(handler, deduper, asyncio.get_running_loop(), LOCALES, reply_timeout)
+    pipeline = CallbackPipeline(handler, deduper, LOCALES, BackgroundTasks(), reply_timeout=reply_timeout)
+    observe = observed.append if observed is not None else None
+    return WsCallbackBridge(pipeline, asyncio.get_running_loop(), observe=observe)
 
 
 def _as_dict(response: P2CardActionTriggerResponse) -> object:
@@ -57,7 +69,8 @@ def test_sdk_trigger_converts_to_the_webhook_event() -> None:
 
 async def test_bridge_runs_the_handler_on_the_service_loop_from_another_thread() -> None:
     handler = RecordingHandler(text="ok", card={"schema": "2.0"})
-    bridge = _bridge(handler)
+    observed: list[float] = []
+    bridge = _bridge(handler, observed=observed)
     response = await asyncio.to_thread(bridge.on_card_action, _trigger())
     assert isinstance(response, P2CardActionTriggerResponse)
     assert _as_dict(response) == {
@@ -65,6 +78,7 @@ async def test_bridge_runs_the_handler_on_the_service_loop_from_another_thread()
         "card": {"type": "raw", "data": {"schema": "2.0"}},
     }
     assert [event.event_id for event in handler.events] == ["ev-1"]
+    assert len(observed) == 1  # the latency metric sees long-connection clicks too
 
 
 async def test_bridge_dedupes_like_the_webhook() -> None:
@@ -102,6 +116,34 @@ async def test_malformed_trigger_gets_an_error_toast_and_no_action() -> None:
 
 async def test_receiver_needs_app_credentials() -> None:
     bridge = _bridge(RecordingHandler())
+    settings = make_settings()
     with pytest.raises(ConfigError):
-        start_ws_receiver(make_settings(), bridge)
-    assert not any(thread.name == "feishu-ws" for thread in threading.enumerate())
+        start_long_connection(None, None, settings.feishu.base_url, bridge)
+    assert not any(thread.name == THREAD_NAME for thread in threading.enumerate())
+
+
+async def test_a_closed_service_loop_gets_an_error_toast_not_an_exception() -> None:
+    other_loop = asyncio.new_event_loop()
+    other_loop.close()
+    pipeline = CallbackPipeline(RecordingHandler(), MemoryDeduper(60), LOCALES, BackgroundTasks())
+    bridge = WsCallbackBridge(pipeline, other_loop)
+    body = await asyncio.to_thread(bridge.respond, card_action_payload())
+    assert body["toast"]["type"] == "error"
+
+
+def test_connection_state_says_never_connected_down_or_silent() -> None:
+    now = [0.0]
+    state = ConnectionState(lambda: now[0])
+    assert state.problem() == "long connection not established yet"
+    state.connected(ping_interval=10)
+    now[0] = 30.0  # three ping intervals without a frame is still fine
+    assert state.problem() is None
+    now[0] = 30.5
+    assert state.problem() == "no frame from the gateway for 30 s (pings every 10 s)"
+    state.frame_received(ping_interval=10)  # e.g. the pong
+    assert state.problem() is None
+    state.disconnected()
+    now[0] = 34.5
+    assert state.problem() == "long connection down for 4 s (reconnecting)"
+    state.connected(ping_interval=10)
+    assert state.problem() is None

@@ -2,7 +2,8 @@
 
 ``create_sandbox_app`` builds the app; ``run_sandbox`` serves it on a (free) port for tests, the
 demo and benchmarks. ``GET /_sandbox/stats`` and ``POST /_sandbox/reset`` exist for benchmarks
-that run the sandbox in another process.
+that run the sandbox in another process. The long connection's discovery and websocket gateway
+(``FP_FEISHU__MODE=ws``) live in ``ws_gateway.py``; ``RunningSandbox.gateway`` drives it.
 """
 
 from __future__ import annotations
@@ -20,16 +21,25 @@ from aiohttp import web
 from feishu_progress.sandbox.cardkit import CardKit
 from feishu_progress.sandbox.faults import Fault, FaultKind
 from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+from feishu_progress.sandbox.ws_gateway import ClientConfig, WsGateway
 
 STATE_KEY = web.AppKey("sandbox_state", SandboxState)
+GATEWAY_KEY = web.AppKey("sandbox_ws_gateway", WsGateway)
 
 
 def create_sandbox_app(
-    config: SandboxConfig, *, clock: Callable[[], float] = time.monotonic
+    config: SandboxConfig,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    ws_client_config: ClientConfig | None = None,
 ) -> web.Application:
     """An aiohttp application emulating the Feishu Open API calls the service makes."""
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app[STATE_KEY] = SandboxState(config, clock)
+    gateway = WsGateway(config.app_id, config.app_secret, ws_client_config)
+    app[GATEWAY_KEY] = gateway
+    app.router.add_routes(gateway.routes())
+    app.on_shutdown.append(gateway.close)
     app.router.add_post("/open-apis/auth/v3/tenant_access_token/internal", _token)
     app.router.add_post("/open-apis/im/v1/messages", _send)
     app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", _reply)
@@ -53,6 +63,11 @@ class RunningSandbox:
     state: SandboxState
     app: web.Application
 
+    @property
+    def gateway(self) -> WsGateway:
+        """The long-connection gateway: push clicks, drop connections, count them."""
+        return self.app[GATEWAY_KEY]
+
 
 @asynccontextmanager
 async def run_sandbox(
@@ -61,9 +76,10 @@ async def run_sandbox(
     host: str = "127.0.0.1",
     port: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    ws_client_config: ClientConfig | None = None,
 ) -> AsyncIterator[RunningSandbox]:
     """Serve a sandbox on ``host:port`` (0 = a free port) for the duration of the block."""
-    app = create_sandbox_app(config or SandboxConfig(), clock=clock)
+    app = create_sandbox_app(config or SandboxConfig(), clock=clock, ws_client_config=ws_client_config)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
@@ -179,6 +195,7 @@ async def _stats(request: web.Request) -> web.StreamResponse:
             "messages": len(state.messages),
             "token_fetches": state.token_fetches,
             "cardkit": state.cardkit.stats(),
+            "ws_connections": request.app[GATEWAY_KEY].connection_count,
         }
     )
 
@@ -243,4 +260,4 @@ def _respond(state: SandboxState, answer: Answer, message_id: str | None = None)
     return web.json_response(body, status=answer.status, headers={"x-tt-logid": log_id, **answer.headers})
 
 
-__all__ = ["STATE_KEY", "RunningSandbox", "create_sandbox_app", "run_sandbox"]
+__all__ = ["GATEWAY_KEY", "STATE_KEY", "RunningSandbox", "create_sandbox_app", "run_sandbox"]

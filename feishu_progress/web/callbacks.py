@@ -1,40 +1,29 @@
 """``POST /feishu/callback``: Feishu card callbacks and the URL check, over aiohttp.
 
 The handler reads the raw body under a hard cap, lets ``feishu.callback.parse_callback`` verify and
-parse it, drops duplicates, and turns the ``ActionHandler``'s reply into Feishu's response. Bad input
-gets a 4xx with a short JSON reason; a failing action handler gets a 200 with an error toast (Feishu
-shows it to the user) and a logged traceback. Nothing answers 500 for anything a client sends.
+parse it, and hands the click to the transport-free ``CallbackPipeline`` (dedupe, the action handler
+under its deadline, Feishu's reply body) that the long connection uses too. Bad input gets a 4xx with
+a short JSON reason; a failing action handler gets a 200 with an error toast (Feishu shows it to the
+user) and a logged traceback. Nothing answers 500 for anything a client sends.
+
+The route exists only in webhook mode (``FP_FEISHU__MODE=webhook``); see ``app.create_app``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
 from feishu_progress.config import Settings
 from feishu_progress.errors import CallbackRejected
-from feishu_progress.feishu.callback import (
-    ActionHandler,
-    CallbackDeduper,
-    CallbackReply,
-    CardActionEvent,
-    UrlVerification,
-    is_duplicate,
-    parse_callback,
-    render_reply,
-    render_toast,
-)
-from feishu_progress.i18n import Msg
+from feishu_progress.feishu.callback import CardActionEvent, UrlVerification, parse_callback
+from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.ports import Clock
 from feishu_progress.web.http import HttpError, json_error, read_body
 
 CALLBACK_PATH = "/feishu/callback"
-DUPLICATE_TOAST = Msg("card.toast.duplicate")
-ERROR_TOAST = Msg("card.toast.error")
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +31,20 @@ Observe = Callable[[float], None]
 
 
 class CallbackEndpoint:
-    """The aiohttp handler for one configured service (settings, action handler, deduper, clock)."""
+    """The aiohttp handler: verify and parse the request, answer through the shared pipeline."""
 
     def __init__(
         self,
-        handler: ActionHandler,
-        deduper: CallbackDeduper,
+        pipeline: CallbackPipeline,
         settings: Settings,
         clock: Clock,
         *,
         observe: Observe | None = None,
-        reply_timeout: float = 2.5,
     ) -> None:
-        self._handler = handler
-        self._deduper = deduper
+        self._pipeline = pipeline
         self._settings = settings
         self._clock = clock
         self._observe = observe
-        self._reply_timeout = reply_timeout
-        self._background: set[asyncio.Task[CallbackReply]] = set()
 
     async def handle(self, request: web.Request) -> web.Response:
         """Answer one callback request; records its latency with ``observe``."""
@@ -86,15 +70,7 @@ class CallbackEndpoint:
         parsed = self._parse(raw_body, request)
         if isinstance(parsed, UrlVerification):
             return web.json_response({"challenge": parsed.challenge})
-        try:
-            duplicate = await is_duplicate(self._deduper, parsed)
-        except Exception:
-            log.exception("callback deduper failed for %s", parsed.event_id)
-            return self._toast_response(CallbackReply("error", ERROR_TOAST))
-        if duplicate:
-            log.info("feishu callback %s is a duplicate: no action", parsed.event_id)
-            return self._toast_response(CallbackReply("info", DUPLICATE_TOAST))
-        return self._toast_response(await self._handle(parsed))
+        return web.json_response(await self._pipeline.answer(parsed))
 
     def _parse(self, raw_body: bytes, request: web.Request) -> UrlVerification | CardActionEvent:
         try:
@@ -106,41 +82,13 @@ class CallbackEndpoint:
             log.exception("unexpected error while parsing a feishu callback")
             raise CallbackRejected(400, "malformed callback") from exc
 
-    async def _handle(self, event: CardActionEvent) -> CallbackReply:
-        # The handler runs as its own task and is never cancelled on timeout: a half-applied action
-        # is worse than a late one. Feishu gives up after 3 s, so we answer with an error toast first.
-        task = asyncio.create_task(self._handler.handle(event))
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), self._reply_timeout)
-        except TimeoutError:
-            log.error("card action handler exceeded %.1f s for %s", self._reply_timeout, event.event_id)
-            self._background.add(task)
-            task.add_done_callback(self._forget_late_task)
-        except Exception:
-            log.exception("card action handler failed for %s", event.event_id)
-        return CallbackReply("error", ERROR_TOAST)
-
-    def _forget_late_task(self, task: asyncio.Task[CallbackReply]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("late card action handler failed", exc_info=task.exception())
-
-    def _toast_response(self, reply: CallbackReply) -> web.Response:
-        try:
-            body: dict[str, Any] = render_reply(reply, self._settings.card.locales)
-        except Exception:
-            log.exception("card action reply could not be rendered")
-            body = {"toast": render_toast("error", ERROR_TOAST, self._settings.card.locales)}
-        return web.json_response(body)
-
 
 def callback_routes(
-    handler: ActionHandler,
-    deduper: CallbackDeduper,
+    pipeline: CallbackPipeline,
     settings: Settings,
     clock: Clock,
     observe: Observe | None = None,
 ) -> list[web.RouteDef]:
     """The ``POST /feishu/callback`` route; ``observe(seconds)`` receives each request's latency."""
-    endpoint = CallbackEndpoint(handler, deduper, settings, clock, observe=observe)
+    endpoint = CallbackEndpoint(pipeline, settings, clock, observe=observe)
     return [web.post(CALLBACK_PATH, endpoint.handle)]
