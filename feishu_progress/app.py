@@ -33,13 +33,15 @@ from feishu_progress.db.repo import (
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.client import FeishuClient
-from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
+from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
 from feishu_progress.runtime.actions import CardActions
 from feishu_progress.runtime.background import BackgroundTasks
 from feishu_progress.runtime.dedupe import PersistentDeduper
+from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.service import Repos, TaskService
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
@@ -174,6 +176,10 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     stack.push_async_callback(client.close)
     services.client = client
 
+    fetcher = ImageFetcher(settings.images)
+    await fetcher.open()
+    stack.push_async_callback(fetcher.close)
+
     scheduler = DeliveryScheduler(
         FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
         clock=services.clock,
@@ -191,7 +197,7 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
         card_subagents=BatchedSubagentSource(TimedSubagents(manager, services.metrics), services.clock),
         scheduler=scheduler,
         sender=client,
-        uploader=CachingImageUploader(client),
+        images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
         clock=services.clock,
         metrics=services.metrics,
         background=services.background,

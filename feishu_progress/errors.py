@@ -55,3 +55,15 @@ class EventRejected(FeishuProgressError):
 
 class UnknownTask(FeishuProgressError):
     """No task with that session id."""
+
+
+class ImageRefused(FeishuProgressError):
+    """An image source was not read: ``reason`` is a short kind (``outside_root``, ``private_address``...).
+
+    It deliberately never carries the path or URL, so neither a log line nor a card can reveal which
+    local paths exist or what an internal address answered.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"image refused: {reason}")
+        self.reason = reason

@@ -29,7 +29,7 @@ from feishu_progress.db.times import naive_utc_from_timestamp
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.errors import EventRejected, FeishuProgressError, UnknownTask
 from feishu_progress.metrics import Metrics
-from feishu_progress.ports import Clock, ImageUploader, SubagentSource
+from feishu_progress.ports import Clock, SubagentSource
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.progress.scheduler import DeliveryScheduler
 from feishu_progress.runtime import events as ev
@@ -100,7 +100,7 @@ class TaskService:
         scheduler: DeliveryScheduler,
         card_subagents: SubagentSource | None = None,
         sender: CardSender,
-        uploader: ImageUploader | None,
+        images: ImageKeys | None = None,
         clock: Clock,
         metrics: Metrics,
         background: BackgroundTasks,
@@ -115,7 +115,7 @@ class TaskService:
         self.clock = clock
         self.metrics = metrics
         self.background = background
-        self.images = ImageKeys(uploader, background)
+        self.images = images if images is not None else ImageKeys(None, background)
         self.tasks: dict[int, Task] = {}
         self._dirty: set[int] = set()
         self._stopping = asyncio.Event()
@@ -306,7 +306,7 @@ class TaskService:
             task.state.image_keys.update(keys)
             self.sync_card(task)
 
-        self.images.collect(call, ready)
+        self.images.collect(call, ready, task.state.session_id)
 
     async def _guarded(self, task: Task, work: Coroutine[Any, Any, None]) -> None:
         """Subagent bookkeeping is a nice-to-have for the card: a database failure degrades, never fails."""
