@@ -65,7 +65,8 @@ def effective_forms(address: IPAddress) -> list[IPAddress]:
     if address.ipv4_mapped is not None:
         return [address.ipv4_mapped]
     embedded = address.sixtofour
-    if embedded is None and (address in _IPV4_COMPATIBLE or any(address in net for net in _NAT64)):
+    compatible = address in _IPV4_COMPATIBLE and int(address) > 1  # :: and ::1 are themselves
+    if embedded is None and (compatible or any(address in net for net in _NAT64)):
         embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return [address] if embedded is None else [address, embedded]
 
