@@ -232,6 +232,12 @@ async def test_handed_over_references_are_left_alone(rig: Rig, root: Path, fetch
     assert rig.sandbox.state.requests["image"] == 0
 
 
+async def test_urls_that_are_not_http_are_not_sources(rig: Rig, fetcher: ImageFetcher) -> None:
+    urls = ["/uploads/cat.png", "file:///etc/shadow", "oss://bucket/cat.png", "data:image/png;base64,AAAA"]
+    rig.keys(None, fetcher).collect(image_call("c1", *({"image_url": url} for url in urls)), Collected(), 1)
+    assert len(rig.background) == 0
+
+
 async def test_urls_without_a_fetcher_get_no_key(
     rig: Rig, url_server: UrlServer, caplog: pytest.LogCaptureFixture
 ) -> None:

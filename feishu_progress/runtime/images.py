@@ -49,11 +49,12 @@ class _TaskImages:
 
 
 def sources_of(item: ImageItem) -> list[ImageSource]:
-    """The sources to try for one image, in order; handed-over references are not ours to load."""
+    """The sources to try for one image, in order; handed-over ``fpimg:`` references are not ours to load."""
     sources = []
     if item.path and not item.path.startswith(HANDED_OVER_PREFIX):
         sources.append(ImageSource("path", item.path))
-    if item.url and not item.url.startswith(HANDED_OVER_PREFIX):
+    # Only http(s) can be fetched; a relative "/uploads/cat.png" or "oss://..." names nothing we can reach.
+    if item.url and item.url[:8].lower().startswith(("http://", "https://")):
         sources.append(ImageSource("url", item.url))
     return sources
 
