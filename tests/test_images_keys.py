@@ -352,7 +352,13 @@ async def test_the_app_uploads_images_from_its_root_only(
 ) -> None:
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
-        feishu=FeishuSettings(base_url=sandbox.base_url, app_id="cli_test", app_secret=SecretStr("s3cret")),
+        feishu=FeishuSettings(
+            base_url=sandbox.base_url,
+            app_id="cli_test",
+            app_secret=SecretStr("s3cret"),
+            encrypt_key=SecretStr("encrypt-key"),  # the app refuses unauthenticated callbacks
+            verification_token=SecretStr("verification-token"),
+        ),
         http=HttpSettings(host="127.0.0.1", port=0),
         admin=AdminSettings(host="127.0.0.1", port=0),
         api=ApiSettings(token="api-token"),
