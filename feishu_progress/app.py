@@ -33,7 +33,8 @@ from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.pipeline import CallbackPipeline
-from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
+from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.progress.scheduler import DeliveryScheduler
@@ -171,7 +172,10 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     client = await FeishuClient.open(feishu_settings, clock=services.clock)
     stack.push_async_callback(client.close)
     services.client = client
-    service = _build_service(services, db, client)
+    fetcher = ImageFetcher(services.settings.images)
+    await fetcher.open()
+    stack.push_async_callback(fetcher.close)
+    service = _build_service(services, db, client, fetcher)
     await _warm_dedupe(services)
     restored = await service.restore()
     if restored:
@@ -193,7 +197,9 @@ async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
     return db
 
 
-def _build_service(services: Services, db: Database, client: FeishuClient) -> TaskService:
+def _build_service(
+    services: Services, db: Database, client: FeishuClient, fetcher: ImageFetcher
+) -> TaskService:
     """The runtime rooms, wired (docs/architecture.md shows the picture)."""
     settings, clock, metrics = services.settings, services.clock, services.metrics
     tasks = TaskRepository(db)
@@ -220,7 +226,7 @@ def _build_service(services: Services, db: Database, client: FeishuClient) -> Ta
         applier=EventApplier(
             subagent_rows=SubagentRepository(db),
             manager=manager,
-            images=ImageKeys(CachingImageUploader(client), services.background),
+            images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
             snapshots=snapshots,
             clock=clock,
             metrics=metrics,

@@ -6,9 +6,10 @@ once at the entry point and passed explicitly; nothing reads the environment at 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
@@ -125,6 +126,36 @@ class CallbackSettings(BaseModel):
     dedupe_ttl_seconds: int = Field(default=24 * 3600, gt=0)
 
 
+MAX_IMAGE_BYTES = 10 * 1024 * 1024  # Feishu refuses larger uploads (234006)
+
+
+class ImagesSettings(BaseModel):
+    """Where the images of generate_image / edit_image results may come from, and how many at once."""
+
+    # Local image_path values are read only beneath this directory; unset: every local path is refused.
+    root: Path | None = None
+    # true: image_url may point at any address (loopback, private, link-local, metadata...).
+    allow_private_urls: bool = False
+    # Private networks image_url may reach anyway (an internal CDN), e.g. 10.20.0.0/16,fd00:1::/64.
+    allowed_networks: Annotated[tuple[IPvAnyNetwork, ...], NoDecode] = ()
+    fetch_timeout_seconds: float = Field(default=10.0, gt=0)
+    max_redirects: int = Field(default=3, ge=0, le=10)
+    max_bytes: int = Field(default=MAX_IMAGE_BYTES, ge=1, le=MAX_IMAGE_BYTES)
+    # At most this many images are read/fetched and uploaded at once: it bounds the bodies in memory.
+    concurrency: int = Field(default=4, ge=1, le=64)
+    max_per_call: int = Field(default=9, ge=0, le=9)  # the card shows at most 9 per call
+    max_per_task: int = Field(default=50, ge=0)
+
+    _blank = field_validator("root", mode="before")(_blank_is_unset)
+
+    @field_validator("allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FP_",
@@ -142,6 +173,7 @@ class Settings(BaseSettings):
     rate: RateSettings = RateSettings()
     task: TaskSettings = TaskSettings()
     callback: CallbackSettings = CallbackSettings()
+    images: ImagesSettings = ImagesSettings()
     log_json: bool = False
     log_level: str = "INFO"
 

@@ -29,6 +29,7 @@ from feishu_progress.config import (
     CardSettings,
     FeishuSettings,
     HttpSettings,
+    ImagesSettings,
     Settings,
 )
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
@@ -92,6 +93,7 @@ def demo_settings(sandbox: RunningSandbox, workdir: Path) -> Settings:
         admin=AdminSettings(host="127.0.0.1", port=0, token="demo-admin-token"),
         api=ApiSettings(token=API_TOKEN),
         card=CardSettings(session_detail_url="https://agent.example.com/sessions/{session_id}"),
+        images=ImagesSettings(root=workdir),  # the script's generated image lives there
     )
 
 

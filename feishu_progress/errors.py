@@ -59,3 +59,15 @@ class UnknownTask(FeishuProgressError):
 
 class TaskConflict(FeishuProgressError):
     """The request contradicts the task's state: events after it finished, an id already taken."""
+
+
+class ImageRefused(FeishuProgressError):
+    """An image source was not read: ``reason`` is a short kind (``outside_root``, ``private_address``...).
+
+    It deliberately never carries the path or URL, so neither a log line nor a card can reveal which
+    local paths exist or what an internal address answered.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"image refused: {reason}")
+        self.reason = reason

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +12,7 @@ from pydantic import SecretStr
 
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
-from feishu_progress.feishu import CachingImageUploader, FeishuCardSink, FeishuClient
+from feishu_progress.feishu import FeishuCardSink, FeishuClient
 from feishu_progress.ports import OutcomeKind
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
 from tests.fakes import FakeClock
@@ -221,21 +220,6 @@ async def test_sink_never_raises_when_feishu_is_unreachable() -> None:
     async with FeishuClient(FeishuSettings(base_url="http://127.0.0.1:9", timeout_seconds=1.0)) as client:
         outcome = await FeishuCardSink(client).patch_card("om_x", card())
     assert outcome.kind is OutcomeKind.BACKOFF
-
-
-@pytest.mark.parametrize("config", [SandboxConfig(app_per_second=math.inf, app_per_minute=math.inf)])
-async def test_image_uploader_uploads_each_content_once(
-    client: FeishuClient, sandbox: RunningSandbox
-) -> None:
-    uploader = CachingImageUploader(client, max_entries=2)
-    first = await uploader.upload_image(b"cat")
-    assert await uploader.upload_image(b"cat") == first
-    second = await uploader.upload_image(b"dog")
-    assert second != first
-    assert sandbox.state.requests["image"] == 2
-    await uploader.upload_image(b"bird")  # evicts "cat", the least recently used
-    await uploader.upload_image(b"cat")
-    assert sandbox.state.requests["image"] == 4
 
 
 async def test_one_pooled_connection_carries_sequential_calls(

@@ -2,6 +2,6 @@
 
 from feishu_progress.feishu.client import FeishuClient, TokenCache
 from feishu_progress.feishu.errors import classify
-from feishu_progress.feishu.sink import CachingImageUploader, FeishuCardSink
+from feishu_progress.feishu.sink import FeishuCardSink
 
-__all__ = ["CachingImageUploader", "FeishuCardSink", "FeishuClient", "TokenCache", "classify"]
+__all__ = ["FeishuCardSink", "FeishuClient", "TokenCache", "classify"]

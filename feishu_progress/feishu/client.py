@@ -7,6 +7,7 @@ Nothing here logs tokens, secrets or card bodies; log ids and codes are enough t
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import random
@@ -173,7 +174,11 @@ class FeishuClient:
         def form() -> aiohttp.FormData:
             payload = aiohttp.FormData()
             payload.add_field("image_type", "message")
-            payload.add_field("image", data, filename="image", content_type="application/octet-stream")
+            # A file object, not raw bytes: aiohttp streams it (raw bytes over 1 MB warn that they block
+            # the loop). BytesIO over bytes shares the buffer, so no copy of the body is made.
+            payload.add_field(
+                "image", io.BytesIO(data), filename="image", content_type="application/octet-stream"
+            )
             return payload
 
         result = await self._retrying("image upload", lambda: self._call("POST", IMAGES_PATH, form=form))

@@ -1,10 +1,8 @@
-"""Adapters from the core's ports to the Feishu client: CardSink and ImageUploader."""
+"""Adapter from the core's CardSink port to the Feishu client (images: feishu_progress/images/uploads.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -14,19 +12,11 @@ from feishu_progress.ports import PatchOutcome
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE_CACHE_SIZE = 1024
-
 
 class CardPatcher(Protocol):
     """The part of FeishuClient the card sink needs."""
 
     async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None: ...
-
-
-class ImageClient(Protocol):
-    """The part of FeishuClient the image uploader needs."""
-
-    async def upload_image(self, data: bytes) -> str: ...
 
 
 class FeishuCardSink:
@@ -57,28 +47,6 @@ class FeishuCardSink:
             )
             return outcome
         return PatchOutcome.delivered()
-
-
-class CachingImageUploader:
-    """ports.ImageUploader that uploads each distinct content once (cache keyed by sha256)."""
-
-    def __init__(self, client: ImageClient, *, max_entries: int = DEFAULT_IMAGE_CACHE_SIZE) -> None:
-        self._client = client
-        self._max_entries = max_entries
-        self._keys: OrderedDict[str, str] = OrderedDict()
-
-    async def upload_image(self, data: bytes) -> str:
-        """The image_key for ``data``, uploading only if this content was not uploaded before."""
-        digest = hashlib.sha256(data).hexdigest()
-        cached = self._keys.get(digest)
-        if cached is not None:
-            self._keys.move_to_end(digest)
-            return cached
-        image_key = await self._client.upload_image(data)
-        self._keys[digest] = image_key
-        if len(self._keys) > self._max_entries:
-            self._keys.popitem(last=False)
-        return image_key
 
 
 def _log_id(exc: BaseException) -> str:

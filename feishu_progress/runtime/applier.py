@@ -81,7 +81,7 @@ class EventApplier:
             task.sync_card()
             self._snapshots.mark_dirty(task)
 
-        self._images.collect(call, ready)
+        self._images.collect(call, ready, task.session_id)
 
     async def _stored(self, task: Task, work: Awaitable[None]) -> None:
         try:

@@ -1,68 +1,183 @@
 """Uploads the images a tool produced so the card's image grid can show them.
 
 A Feishu card cannot show an image by URL, only by an uploaded ``image_key``. When a generate_image or
-edit_image call finishes, its files are read and uploaded in the background (at most the 9 the card
-shows); the card updates when the keys arrive. An image that cannot be read or uploaded simply gets no
-key, and the card shows 图片不可达 with its path.
+edit_image call finishes, each image it names is loaded and uploaded in the background; the card
+updates when the keys arrive. An item's sources are tried in order: its ``image_path`` (only beneath
+FP_IMAGES__ROOT), then its http(s) ``image_url`` (SSRF-guarded). ``fpimg:<ref>`` sources were handed
+over through the runtime API and are resolved there, not here. Each source is tried at most once per
+task, at most ``max_per_call`` items per call and ``max_per_task`` per task are loaded; an image that
+cannot be loaded or uploaded simply gets no key, and its path or URL never reaches a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
 
 from feishu_progress.background import BackgroundTasks
+from feishu_progress.config import ImagesSettings
 from feishu_progress.domain import ToolCall
-from feishu_progress.ports import ImageUploader
+from feishu_progress.errors import ImageRefused
+from feishu_progress.images import ImageClient, ImageFetcher, ImageUploads, LocalImages
+from feishu_progress.images.uploads import Load
+from feishu_progress.tools.view_models import ImageItem
 from feishu_progress.tools.view_parsers import parse_image_gen
 
 log = logging.getLogger(__name__)
 
-MAX_IMAGES = 9
-MAX_IMAGE_BYTES = 10 * 1024 * 1024  # Feishu refuses larger uploads (234006)
+IMAGE_TOOLS = frozenset({"generate_image", "edit_image"})
+HANDED_OVER_PREFIX = "fpimg:"  # a reference from POST /v1/tasks/{id}/images
+MAX_IMAGES = 9  # the card's grid shows at most 9 per call
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSource:
+    kind: Literal["path", "url"]
+    text: str  # the image_path / image_url exactly as the result names it: the card looks keys up by it
+
+
+@dataclass
+class _TaskImages:
+    """What one task has already spent: the sources tried and the number of images loaded."""
+
+    tried: set[str] = field(default_factory=set)
+    images: int = 0
+
+
+def sources_of(item: ImageItem) -> list[ImageSource]:
+    """The sources to try for one image, in order; handed-over ``fpimg:`` references are not ours to load."""
+    sources = []
+    if item.path and not item.path.startswith(HANDED_OVER_PREFIX):
+        sources.append(ImageSource("path", item.path))
+    # Only http(s) can be fetched; a relative "/uploads/cat.png" or "oss://..." names nothing we can reach.
+    if item.url and item.url[:8].lower().startswith(("http://", "https://")):
+        sources.append(ImageSource("url", item.url))
+    return sources
 
 
 class ImageKeys:
-    def __init__(self, uploader: ImageUploader | None, background: BackgroundTasks) -> None:
-        self.uploader = uploader
-        self.background = background
+    """Turns the images of finished image tool calls into Feishu image_keys, within per-task limits."""
 
-    def collect(self, call: ToolCall, ready: Callable[[dict[str, str]], None]) -> None:
-        """Start uploading ``call``'s images, if it produced any; ``ready`` gets {path or url: image_key}."""
-        if self.uploader is None or call.name not in ("generate_image", "edit_image") or not call.finished:
+    def __init__(
+        self,
+        uploads: ImageUploads | None,
+        background: BackgroundTasks,
+        *,
+        local: LocalImages | None = None,
+        fetcher: ImageFetcher | None = None,
+        max_per_call: int = MAX_IMAGES,
+        max_per_task: int = 50,
+    ) -> None:
+        self.uploads = uploads
+        self.background = background
+        self.local = local or LocalImages(None)
+        self.fetcher = fetcher
+        self.max_per_call = max_per_call
+        self.max_per_task = max_per_task
+        self._tasks: dict[int, _TaskImages] = {}
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: ImagesSettings,
+        client: ImageClient,
+        background: BackgroundTasks,
+        fetcher: ImageFetcher | None,
+    ) -> ImageKeys:
+        """The production wiring: one upload gate over ``client``, the root and the limits of ``settings``."""
+        return cls(
+            ImageUploads(client, concurrency=settings.concurrency),
+            background,
+            local=LocalImages(settings.root, max_bytes=settings.max_bytes),
+            fetcher=fetcher,
+            max_per_call=settings.max_per_call,
+            max_per_task=settings.max_per_task,
+        )
+
+    def collect(
+        self, call: ToolCall, ready: Callable[[dict[str, str]], None], task_id: int | None = None
+    ) -> None:
+        """Start uploading ``call``'s images; ``ready`` gets {image_path or image_url: image_key}.
+
+        ``task_id`` scopes "each source once" and the per-task cap; without it both apply to this call only.
+        """
+        if self.uploads is None or call.name not in IMAGE_TOOLS or not call.finished:
             return
         view = parse_image_gen(call.result)
         if view is None:
             return
-        sources = [item.path or item.url for item in view.items[:MAX_IMAGES]]
-        paths = [source for source in sources if source and not source.startswith(("http://", "https://"))]
-        if paths:
-            self.background.spawn(self._upload_all(paths, ready), name=f"images-{call.call_id}")
+        spent = self._tasks.setdefault(task_id, _TaskImages()) if task_id is not None else _TaskImages()
+        plans = self._plan(view.items[: self.max_per_call], spent, task_id)
+        if plans:
+            context = {"session_id": task_id, "call_id": call.call_id}
+            self.background.spawn(self._upload_all(plans, ready, context), name=f"images-{call.call_id}")
 
-    async def _upload_all(self, paths: list[str], ready: Callable[[dict[str, str]], None]) -> None:
-        keys: dict[str, str] = {}
-        for path in paths:
-            key = await self._upload_one(path)
-            if key is not None:
-                keys[path] = key
+    def _plan(
+        self, items: tuple[ImageItem, ...], spent: _TaskImages, task_id: int | None
+    ) -> list[list[ImageSource]]:
+        # Decided synchronously, in the result's order, so the cap and "once" never depend on timing.
+        plans = []
+        for item in items:
+            sources = [source for source in sources_of(item) if source.text not in spent.tried]
+            if not sources:
+                continue
+            if spent.images >= self.max_per_task:
+                log.warning(
+                    "image cap of %d per task reached", self.max_per_task, extra={"session_id": task_id}
+                )
+                break
+            spent.images += 1
+            spent.tried.update(source.text for source in sources)
+            plans.append(sources)
+        return plans
+
+    async def _upload_all(
+        self,
+        plans: list[list[ImageSource]],
+        ready: Callable[[dict[str, str]], None],
+        context: Mapping[str, object],
+    ) -> None:
+        # Concurrent per image: the uploads' semaphore, not this loop, bounds what is in memory.
+        found = await asyncio.gather(*(self._first_key(sources, context) for sources in plans))
+        keys = dict(pair for pair in found if pair is not None)
         if keys:
             ready(keys)
 
-    async def _upload_one(self, path: str) -> str | None:
-        assert self.uploader is not None
+    async def _first_key(
+        self, sources: list[ImageSource], context: Mapping[str, object]
+    ) -> tuple[str, str] | None:
+        for source in sources:
+            image_key = await self._key_for(source, context)
+            if image_key is not None:
+                return source.text, image_key
+        return None
+
+    async def _key_for(self, source: ImageSource, context: Mapping[str, object]) -> str | None:
+        assert self.uploads is not None
         try:
-            data = await asyncio.to_thread(_read_image, path)
-            return await self.uploader.upload_image(data)
+            return await self.uploads.upload_from(self._loader(source))
         except Exception as exc:  # the card shows 图片不可达 instead
-            log.warning("image %s could not be uploaded: %s", path, type(exc).__name__)
+            # Only the kind of failure: the path or URL would tell a log reader what exists where.
+            reason = exc.reason if isinstance(exc, ImageRefused) else type(exc).__name__
+            log.warning(
+                "image %s not used: %s",
+                source.kind,
+                reason,
+                extra={**context, "image_source": source.kind, "reason": reason},
+            )
             return None
 
+    def _loader(self, source: ImageSource) -> Load:
+        if source.kind == "path":
+            return partial(self.local.read, source.text)
+        if self.fetcher is None:
+            return partial(_refuse, "fetch_disabled")
+        return partial(self.fetcher.fetch, source.text)
 
-def _read_image(path: str) -> bytes:
-    file = Path(path)
-    size = file.stat().st_size
-    if size == 0 or size > MAX_IMAGE_BYTES:
-        raise ValueError(f"image size {size} outside 1..{MAX_IMAGE_BYTES}")
-    return file.read_bytes()
+
+async def _refuse(reason: str) -> bytes:
+    raise ImageRefused(reason)

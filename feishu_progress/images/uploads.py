@@ -1,0 +1,101 @@
+"""Image uploads to Feishu with bounded memory: one gate, one upload per content, a cache of keys.
+
+500 tool results naming 9 copies of a 10 MB file once held 5.3 GiB. Now a semaphore covers reading
+(or fetching) a body *and* uploading it, so at most ``concurrency`` bodies are alive at once; identical
+content is uploaded once, whether it arrives later (an LRU cache of sha256 -> image_key) or at the same
+moment (single-flight: the second caller drops its copy and waits for the first upload's key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from feishu_progress.errors import FeishuProgressError
+from feishu_progress.images.sniff import require_image
+
+DEFAULT_IMAGE_CACHE_SIZE = 1024
+DEFAULT_CONCURRENCY = 4
+
+Load = Callable[[], Awaitable[bytes]]
+
+
+class ImageClient(Protocol):
+    """The part of FeishuClient the uploads need."""
+
+    async def upload_image(self, data: bytes) -> str: ...
+
+
+class UploadAbandoned(FeishuProgressError):
+    """The upload another caller was waiting for was cancelled before it finished."""
+
+
+class ImageUploads:
+    """ports.ImageUploader (and ``upload_from`` for bodies not read yet) over an ImageClient."""
+
+    def __init__(
+        self,
+        client: ImageClient,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        max_entries: int = DEFAULT_IMAGE_CACHE_SIZE,
+    ) -> None:
+        self._client = client
+        self._slots = asyncio.Semaphore(concurrency)
+        self._max_entries = max_entries
+        self._keys: OrderedDict[str, str] = OrderedDict()
+        self._flights: dict[str, asyncio.Future[str]] = {}
+
+    async def upload_image(self, data: bytes) -> str:
+        """The image_key for ``data`` (already in memory), uploading only content not uploaded before."""
+
+        async def given() -> bytes:
+            return data
+
+        return await self.upload_from(given)
+
+    async def upload_from(self, load: Load) -> str:
+        """Load a body and upload it, holding one of the ``concurrency`` slots for both."""
+        async with self._slots:
+            data = await load()
+            require_image(data)
+            # On the loop (~18 ms for 10 MB, under one slot): no await between hashing and the lookup,
+            # so a second caller with the same bytes always finds the first one's flight or key.
+            digest = hashlib.sha256(data).hexdigest()
+            cached = self._cached(digest)
+            if cached is not None:
+                return cached
+            flight = self._flights.get(digest)
+            if flight is None:
+                return await self._upload_once(digest, data)
+            del data  # the leader holds the body; waiting for its key needs no slot and no copy
+        return await asyncio.shield(flight)  # one waiter's cancellation must not cancel the upload
+
+    async def _upload_once(self, digest: str, data: bytes) -> str:
+        flight: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._flights[digest] = flight
+        try:
+            image_key = await self._client.upload_image(data)
+        except BaseException as exc:
+            flight.set_exception(exc if isinstance(exc, Exception) else UploadAbandoned())
+            flight.exception()  # retrieved: nobody waiting is not an "exception never retrieved"
+            raise
+        finally:
+            del self._flights[digest]
+        self._remember(digest, image_key)
+        flight.set_result(image_key)
+        return image_key
+
+    def _cached(self, digest: str) -> str | None:
+        image_key = self._keys.get(digest)
+        if image_key is not None:
+            self._keys.move_to_end(digest)
+        return image_key
+
+    def _remember(self, digest: str, image_key: str) -> None:
+        self._keys[digest] = image_key
+        if len(self._keys) > self._max_entries:
+            self._keys.popitem(last=False)
