@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import secrets
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 from feishu_progress.cards.validate import card_problems, element_count
 from feishu_progress.sandbox.faults import Faults
+
+log = logging.getLogger(__name__)
 
 DAY = 86400.0
 RECEIVE_ID_TYPES = frozenset({"open_id", "user_id", "union_id", "email", "chat_id"})
@@ -96,6 +99,9 @@ class SandboxMessage:
     deleted: bool = False
     responses: Counter[int] = field(default_factory=Counter)
     patch_times: deque[float] = field(default_factory=deque)
+    last_error_code: int | None = (
+        None  # the latest refusal of an update to this message (kept after a success)
+    )
 
     @property
     def card(self) -> dict[str, Any]:
@@ -155,6 +161,27 @@ class SandboxState:
         self._app_limits: dict[str, tuple[SlidingWindow, SlidingWindow]] = {}
         self._verdicts: OrderedDict[str, Answer | dict[str, Any]] = OrderedDict()
         self._ids = itertools.count(1)
+        # Called (synchronously, in the sandbox's thread) after every accepted or refused change to a
+        # message: the preview page's live feed listens here. A listener must never block.
+        self.listeners: list[Callable[[SandboxMessage], None]] = []
+
+    # --- change notifications -----------------------------------------------------------------
+
+    def _notify(self, message: SandboxMessage) -> None:
+        """Tell every listener that ``message`` changed; a failing listener never breaks the sandbox."""
+        for listener in list(self.listeners):
+            try:
+                listener(message)
+            except Exception:
+                log.exception("sandbox listener %r failed on %s", listener, message.message_id)
+
+    def note_refusal(self, message_id: str, code: int) -> None:
+        """Record that an update of ``message_id`` was refused with ``code``, then notify."""
+        message = self.messages.get(message_id)
+        if message is None:
+            return
+        message.last_error_code = code
+        self._notify(message)
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -175,10 +202,12 @@ class SandboxState:
     def recall(self, message_id: str) -> None:
         """Recall a message: PATCHes then fail with 230011."""
         self.messages[message_id].recalled = True
+        self._notify(self.messages[message_id])
 
     def delete(self, message_id: str) -> None:
         """Delete a message: PATCHes then fail with 230110."""
         self.messages[message_id].deleted = True
+        self._notify(self.messages[message_id])
 
     def expire_tokens(self) -> None:
         """Invalidate every issued token (as if they all lived past their 2 hours)."""
@@ -379,6 +408,7 @@ class SandboxState:
             in_thread=bool(body.get("reply_in_thread")),
         )
         self.messages[message_id] = message
+        self._notify(message)
         return message
 
     def _message_data(self, message: SandboxMessage) -> dict[str, Any]:
@@ -399,6 +429,14 @@ class SandboxState:
 
     def patch(self, message_id: str, body: dict[str, Any]) -> Answer:
         """PATCH a card message, enforcing the gateway, message-state, per-message and card rules."""
+        answer = self._patch(message_id, body)
+        if answer.code != OK:
+            self.note_refusal(message_id, answer.code)
+        elif message_id in self.messages:
+            self._notify(self.messages[message_id])
+        return answer
+
+    def _patch(self, message_id: str, body: dict[str, Any]) -> Answer:
         limited = self.app_limit("patch")
         if limited is not None:
             return limited
