@@ -47,6 +47,8 @@ MAX_SHOWN_MESSAGES = 200  # the newest; a benchmark's sandbox can hold thousands
 FEED_LIMIT = 256  # distinct changed messages waiting for one page before that page is dropped
 WRITE_TIMEOUT_SECONDS = 5.0  # a page that does not read its stream for this long is dropped
 HEARTBEAT_SECONDS = 15.0
+# aiohttp does not cancel a handler whose client left: the stream looks at its connection this often.
+DISCONNECT_CHECK_SECONDS = 1.0
 RECONNECT_MS = 1000
 MAX_CLICK_BODY = 64 * 1024
 CLICK_TIMEOUT_SECONDS = 10.0
@@ -300,7 +302,7 @@ class PreviewPage:
             await response.prepare(request)
             await self._send(response, f"retry: {RECONNECT_MS}\n\n")
             await self._send(response, _event("snapshot", self.snapshot(state)))
-            await self._stream(state, feed, response)
+            await self._stream(request, state, feed, response)
         except (ConnectionError, TimeoutError):
             log.info("preview page stream dropped (gone or too slow)")
         finally:
@@ -308,25 +310,31 @@ class PreviewPage:
             self._feeds.discard(feed)
         return response
 
-    async def _stream(self, state: SandboxState, feed: MessageFeed, response: web.StreamResponse) -> None:
+    async def _stream(
+        self, request: web.Request, state: SandboxState, feed: MessageFeed, response: web.StreamResponse
+    ) -> None:
         order = {message_id: i for i, message_id in enumerate(state.messages)}
-        while not feed.closed:
-            changed = await feed.next_batch(HEARTBEAT_SECONDS)
+        idle = 0.0
+        while not feed.closed and request.transport is not None:
+            changed = await feed.next_batch(DISCONNECT_CHECK_SECONDS)
             if feed.overflowed:
                 log.warning("preview page fell %d messages behind: dropped, it will reconnect", FEED_LIMIT)
                 return
             if not changed:
-                await self._send(response, ": keep-alive\n\n")
+                idle += DISCONNECT_CHECK_SECONDS
+                if idle >= HEARTBEAT_SECONDS:
+                    await self._send(response, ": keep-alive\n\n")
+                    idle = 0.0
                 continue
+            idle = 0.0
             for message_id in changed:
                 message = state.messages.get(message_id)
                 if message is None:
                     continue
                 if message_id not in order:
                     order = {known: i for i, known in enumerate(state.messages)}
-                await self._send(
-                    response, _event("update", self.message_view(state, message, order[message_id]))
-                )
+                view = self.message_view(state, message, order[message_id])
+                await self._send(response, _event("update", view))
 
     async def _send(self, response: web.StreamResponse, text: str) -> None:
         await asyncio.wait_for(response.write(text.encode("utf-8")), WRITE_TIMEOUT_SECONDS)

@@ -37,6 +37,7 @@
     fields: new Map(), // message_id|field name -> what the user typed or picked
     streamed: new Map(), // message_id|element_id -> the last streamed text drawn
     hidden: 0,
+    openMenu: null, // message_id|field name of the multi-select whose menu is open
   };
 
   const $ = (id) => document.getElementById(id);
@@ -336,22 +337,34 @@
     return { node: el("code", "", decodeEntities(source.slice(i + ticks, end))), end: end + ticks };
   }
 
+  const WORD = /[\p{L}\p{N}]/u;
+
+  // Emphasis as CommonMark pairs it: an opener is followed by a non-space, a closer follows one, and
+  // underscores never open or close inside a word (snake_case and __dunder__ names stay text).
   function emphasis(source, i, ctx) {
     const pairs = [["**", "strong"], ["__", "strong"], ["~~", "del"], ["*", "em"]];
     for (const [marker, tag] of pairs) {
       if (!source.startsWith(marker, i)) continue;
       const from = i + marker.length;
-      if (/\s/.test(source[from] || " ")) continue;
-      let end = source.indexOf(marker, from + 1);
-      if (marker === "*") {
-        while (end >= 0 && source[end + 1] === "*") end = source.indexOf(marker, end + 2);
-      }
-      if (end <= from) continue;
+      const underscore = marker[0] === "_";
+      if (/\s/.test(source[from] || " ") || (underscore && WORD.test(source[i - 1] || ""))) continue;
+      const end = closer(source, marker, from + 1, underscore);
+      if (end < 0) continue;
       const node = el(tag);
       node.append(renderInline(source.slice(from, end), ctx));
       return { node, end: end + marker.length };
     }
     return null;
+  }
+
+  function closer(source, marker, from, underscore) {
+    for (let end = source.indexOf(marker, from); end >= 0; end = source.indexOf(marker, end + 1)) {
+      const single = marker === "*" && (source[end + 1] === "*" || source[end - 1] === "*");
+      const spaced = /\s/.test(source[end - 1]);
+      const inWord = underscore && WORD.test(source[end + marker.length] || "");
+      if (!single && !spaced && !inWord) return end;
+    }
+    return -1;
   }
 
   function markdownLink(source, i, ctx) {
@@ -765,7 +778,8 @@
     const toggle = el("button", "mselect-toggle");
     toggle.type = "button";
     const menu = el("div", "mselect-menu");
-    menu.hidden = true;
+    const menuKey = fieldKey(ctx, element.name || ctx.path);
+    menu.hidden = page.openMenu !== menuKey; // an update of the card keeps an open menu open
     const initial = Array.isArray(element.selected_values) ? element.selected_values.map(String) : [];
     const chosen = new Set(recalled(ctx, element.name, initial));
     const labels = new Map();
@@ -781,9 +795,9 @@
     }
     drawToggle();
     toggle.disabled = Boolean(element.disabled);
-    toggle.addEventListener("click", () => { menu.hidden = !menu.hidden; });
-    node.addEventListener("focusout", (event) => {
-      if (!node.contains(event.relatedTarget)) menu.hidden = true;
+    toggle.addEventListener("click", () => {
+      menu.hidden = !menu.hidden;
+      page.openMenu = menu.hidden ? null : menuKey;
     });
     node.append(toggle, menu);
     const required = element.required === undefined ? true : Boolean(element.required);
@@ -1205,7 +1219,21 @@
     }
   }
 
+  // A click anywhere outside an open multi-select menu closes it.
+  function closeMenus(event) {
+    for (const menu of document.querySelectorAll(".mselect-menu:not([hidden])")) {
+      if (!menu.parentNode.contains(event.target)) {
+        menu.hidden = true;
+        page.openMenu = null;
+      }
+    }
+  }
+
   function start() {
+    document.addEventListener("pointerdown", closeMenus);
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") closeMenus({ target: document.body });
+    });
     $("chat-filter").addEventListener("change", () => {
       for (const [id, node] of page.nodes) {
         const message = page.messages.get(id);
