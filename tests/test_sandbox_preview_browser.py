@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from feishu_progress.app import SANDBOX_APP_ID, SANDBOX_APP_SECRET, SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.demo import tiny_png
+from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.sandbox import RunningSandbox, SandboxMessage
 
 KEY, VTOKEN, API_TOKEN = "browser-encrypt-key", "browser-verification-token", "browser-api-token"
@@ -367,25 +368,15 @@ HOSTILE = (
 )
 
 
+def raw_cards(sandbox: RunningSandbox) -> FeishuClient:
+    """A Feishu client of the sandbox's app: cards sent with it skip our escaping (untrusted JSON)."""
+    settings = FeishuSettings(base_url=sandbox.base_url, app_id=SANDBOX_APP_ID, app_secret=SANDBOX_APP_SECRET)
+    return FeishuClient(settings)
+
+
 async def _send_raw_card(sandbox: RunningSandbox, card: dict[str, Any]) -> str:
-    """A card sent straight to the sandbox over its Open API (not through our escaping)."""
-    async with aiohttp.ClientSession() as http:
-        token_url = f"{sandbox.base_url}/open-apis/auth/v3/tenant_access_token/internal"
-        async with http.post(
-            token_url, json={"app_id": SANDBOX_APP_ID, "app_secret": SANDBOX_APP_SECRET}
-        ) as answer:
-            token = (await answer.json())["tenant_access_token"]
-        body = {"receive_id": "oc_raw_cards", "msg_type": "interactive", "content": json.dumps(card)}
-        async with http.post(
-            f"{sandbox.base_url}/open-apis/im/v1/messages",
-            params={"receive_id_type": "chat_id"},
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-        ) as answer:
-            data = await answer.json()
-            assert data["code"] == 0, data
-    message_id: str = data["data"]["message_id"]
-    return message_id
+    async with raw_cards(sandbox) as client:
+        return await client.send_card("oc_raw_cards", "chat_id", card, "")
 
 
 async def test_untrusted_card_text_is_shown_as_text(service: Service, browser: Browser) -> None:
@@ -452,124 +443,76 @@ MARKDOWN = "\n".join(
 )
 
 
-def every_component_card() -> dict[str, Any]:
-    def plain(content: str, **i18n: str) -> dict[str, Any]:
-        text: dict[str, Any] = {"tag": "plain_text", "content": content}
-        if i18n:
-            text["i18n_content"] = i18n
-        return text
+def plain(content: str, **i18n: str) -> dict[str, Any]:
+    text: dict[str, Any] = {"tag": "plain_text", "content": content}
+    if i18n:
+        text["i18n_content"] = i18n
+    return text
 
-    def button(label: str, kind: str) -> dict[str, Any]:
-        return {
-            "tag": "column",
-            "width": "auto",
-            "elements": [{"tag": "button", "type": kind, "text": plain(label)}],
-        }
 
+def markdown(content: str) -> dict[str, Any]:
+    return {"tag": "markdown", "content": content}
+
+
+def panel(title: str, expanded: bool) -> dict[str, Any]:
+    header = {"title": markdown(title)}
     return {
-        "schema": "2.0",
-        "config": {"update_multi": True, "locales": ["zh_cn", "en_us", "ja_jp"], "streaming_mode": True},
-        "header": {
-            "title": plain("组件", en_us="Components", ja_jp="コンポーネント"),
-            "template": "violet",
-            "subtitle": plain("subtitle text"),
-        },
-        "body": {
-            "elements": [
-                {"tag": "markdown", "content": MARKDOWN, "element_id": "md_main"},
-                {"tag": "div", "text": {"tag": "plain_text", "content": "div text", "text_color": "green"}},
-                {"tag": "hr"},
-                {
-                    "tag": "column_set",
-                    "flex_mode": "none",
-                    "columns": [
-                        {
-                            "tag": "column",
-                            "width": "weighted",
-                            "weight": 1,
-                            "elements": [{"tag": "markdown", "content": "left column"}],
-                        },
-                        {
-                            "tag": "column",
-                            "width": "weighted",
-                            "weight": 2,
-                            "elements": [{"tag": "markdown", "content": "right column"}],
-                        },
-                    ],
-                },
-                {
-                    "tag": "collapsible_panel",
-                    "expanded": True,
-                    "header": {"title": {"tag": "markdown", "content": "open panel"}},
-                    "elements": [{"tag": "markdown", "content": "inside the open panel"}],
-                },
-                {
-                    "tag": "collapsible_panel",
-                    "expanded": False,
-                    "header": {"title": {"tag": "markdown", "content": "closed panel"}},
-                    "elements": [{"tag": "markdown", "content": "inside the closed panel"}],
-                },
-                {"tag": "img", "img_key": "img_not_uploaded"},
-                {
-                    "tag": "img_combination",
-                    "combination_mode": "double",
-                    "img_list": [{"img_key": "img_stored"}, {"img_key": "img_missing"}],
-                },
-                {
-                    "tag": "column_set",
-                    "columns": [
-                        button(kind, kind)
-                        for kind in ("default", "primary", "danger", "primary_filled", "text")
-                    ],
-                },
-                {
-                    "tag": "form",
-                    "name": "form_1",
-                    "elements": [
-                        {
-                            "tag": "select_static",
-                            "name": "pick",
-                            "placeholder": plain("pick one"),
-                            "options": [
-                                {"text": plain("one"), "value": "1"},
-                                {"text": plain("two"), "value": "2"},
-                            ],
-                        },
-                        {
-                            "tag": "multi_select_static",
-                            "name": "many",
-                            "required": True,
-                            "placeholder": plain("pick many"),
-                            "options": [{"text": plain("x"), "value": "x"}],
-                        },
-                        {
-                            "tag": "input",
-                            "name": "free",
-                            "placeholder": plain("type here", en_us="type here (en)"),
-                        },
-                        {
-                            "tag": "button",
-                            "name": "send",
-                            "form_action_type": "submit",
-                            "text": plain("send"),
-                            "behaviors": [
-                                {
-                                    "type": "callback",
-                                    "value": {"v": 1, "action": "answers", "session_id": 999},
-                                }
-                            ],
-                        },
-                    ],
-                },
-            ]
-        },
+        "tag": "collapsible_panel",
+        "expanded": expanded,
+        "header": header,
+        "elements": [markdown(f"inside the {title}")],
     }
+
+
+def columns(*contents: dict[str, Any], weighted: bool = False) -> dict[str, Any]:
+    width: dict[str, Any] = {"width": "weighted", "weight": 1} if weighted else {"width": "auto"}
+    return {"tag": "column_set", "columns": [{"tag": "column", **width, "elements": [c]} for c in contents]}
+
+
+BUTTON_KINDS = ("default", "primary", "danger", "primary_filled", "text")
+FORM = {
+    "tag": "form",
+    "name": "form_1",
+    "elements": [
+        {"tag": "select_static", "name": "pick", "placeholder": plain("pick one"),
+         "options": [{"text": plain("one"), "value": "1"}, {"text": plain("two"), "value": "2"}]},
+        {"tag": "multi_select_static", "name": "many", "required": True, "placeholder": plain("pick many"),
+         "options": [{"text": plain("x"), "value": "x"}]},
+        {"tag": "input", "name": "free", "placeholder": plain("type here", en_us="type here (en)")},
+        {"tag": "button", "name": "send", "form_action_type": "submit", "text": plain("send"),
+         "behaviors": [{"type": "callback", "value": {"v": 1, "action": "answers", "session_id": 999}}]},
+    ],
+}  # fmt: skip
+EVERY_COMPONENT = {
+    "schema": "2.0",
+    "config": {"update_multi": True, "locales": ["zh_cn", "en_us", "ja_jp"], "streaming_mode": True},
+    "header": {
+        "title": plain("组件", en_us="Components", ja_jp="コンポーネント"),
+        "template": "violet",
+        "subtitle": plain("subtitle text"),
+    },
+    "body": {
+        "elements": [
+            {**markdown(MARKDOWN), "element_id": "md_main"},
+            {"tag": "div", "text": {"tag": "plain_text", "content": "div text", "text_color": "green"}},
+            {"tag": "hr"},
+            columns(markdown("left column"), markdown("right column"), weighted=True),
+            panel("open panel", True),
+            panel("closed panel", False),
+            {"tag": "img", "img_key": "img_not_uploaded"},
+            {"tag": "img_combination", "combination_mode": "double",
+             "img_list": [{"img_key": "img_stored"}, {"img_key": "img_missing"}]},
+            columns(*({"tag": "button", "type": kind, "text": plain(kind)} for kind in BUTTON_KINDS)),
+            FORM,
+        ]
+    },
+}  # fmt: skip
 
 
 async def test_every_component_is_drawn(service: Service, browser: Browser, tmp_path: Path) -> None:
     page = browser.page
     service.sandbox.state.images["img_stored"] = tiny_png(8, 8)
-    message_id = await _send_raw_card(service.sandbox, every_component_card())
+    message_id = await _send_raw_card(service.sandbox, EVERY_COMPONENT)
     card = card_of(page, message_id)
     await expect(card.locator(".card-header")).to_have_class("card-header tpl-violet", timeout=WAIT_MS)
     await expect(card.locator(".card-header .subtitle")).to_have_text("subtitle text")
@@ -591,10 +534,17 @@ async def test_every_component_is_drawn(service: Service, browser: Browser, tmp_
     await expect(card.locator(".img-missing").first).to_have_text("image img_not_uploaded")
     await expect(card.locator(".img-grid.double img")).to_have_count(1)
     await expect(card.locator(".img-grid.double .img-missing")).to_have_text("image img_missing")
-    for kind in ("default", "primary", "danger", "primary_filled", "text"):
+    for kind in BUTTON_KINDS:
         await expect(card.locator(f"button.btn-{kind}", has_text=kind)).to_be_visible()
     await expect(card.locator(".streaming-mark")).to_be_visible()
     await expect(card.locator(".streaming")).to_have_count(1)
+    # Streaming mode: text that extends the element's text is typed out, then shown whole.
+    longer = json.loads(json.dumps(EVERY_COMPONENT))
+    longer["body"]["elements"][0]["content"] = MARKDOWN + "\n\nstreamed tail **arrives**"
+    async with raw_cards(service.sandbox) as client:
+        await client.patch_card(message_id, longer)
+    await expect(card_of(page, message_id).locator(".streaming")).to_contain_text("streamed tail arrives")
+    await expect(card_of(page, message_id).locator(".badge.updates")).to_have_text("1 update")
 
     # The locale switch offers the card's locales and redraws the i18n_content texts.
     await card.locator("select.locale-switch").select_option("en_us")

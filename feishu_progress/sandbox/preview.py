@@ -25,7 +25,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -66,6 +66,7 @@ _IMAGE_TYPES = (
 )
 
 StateLookup = Callable[[], SandboxState | None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RequesterOf = Callable[[str], str | None]
 
 
@@ -189,12 +190,11 @@ class PreviewPage:
             return True
         return self._token_ok(request.cookies.get(COOKIE, ""))
 
-    def _guarded(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+    def _guarded(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if not self.authorized(request):
                 return _json_error(401, "this page needs FP_API__TOKEN: open /sandbox/?token=<token> once")
-            response: web.StreamResponse = await handler(request)
-            return response
+            return await handler(request)
 
         return guarded
 
