@@ -281,7 +281,11 @@ async def test_without_a_token_the_page_is_open(tmp_path: Path, aiohttp_client: 
 
 def test_no_page_when_talking_to_feishu(tmp_path: Path) -> None:
     settings = sandbox_settings(tmp_path).model_copy(
-        update={"feishu": FeishuSettings(app_id="cli_real", app_secret="real-secret")}
+        update={
+            "feishu": FeishuSettings(
+                app_id="cli_real", app_secret="real-secret", encrypt_key=KEY, verification_token=VTOKEN
+            )
+        }
     )
     paths = {
         resource.canonical
@@ -508,3 +512,18 @@ async def test_served_sandbox_stops_its_streams_on_shutdown(tmp_path: Path) -> N
     finally:
         if not cleaned:
             await runner.cleanup()
+
+
+async def test_click_is_signed_with_the_keys_sandbox_mode_made_up(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = sandbox_settings(tmp_path).model_copy(update={"feishu": FeishuSettings()})  # no keys given
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    session_id, message_id = await create_task(client)
+    value = {"v": 1, "action": "cancel", "session_id": session_id}
+    data = await (
+        await client.post("/sandbox/api/click", json={"message_id": message_id, "value": value}, headers=AUTH)
+    ).json()
+    assert data["status"] == 200 and data["answer"]["toast"]["type"] == "success", data
+    [action] = await wait_for_actions(client, session_id, 1)
+    assert action["kind"] == "cancel"

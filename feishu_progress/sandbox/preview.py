@@ -25,7 +25,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -36,6 +36,7 @@ from pydantic import SecretStr
 
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.state import SandboxMessage, SandboxState
+from feishu_progress.web.http import Handler, HttpError, bearer_matches, json_error, read_json
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,6 @@ _IMAGE_TYPES = (
 )
 
 StateLookup = Callable[[], SandboxState | None]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RequesterOf = Callable[[str], str | None]
 
 
@@ -157,7 +157,7 @@ class PreviewPage:
         self._state_of = state_of
         self._requester_of = requester_of
         self._keys = keys
-        self._token = api_token.get_secret_value().encode() if api_token is not None else None
+        self._token = api_token
         self._wall = wall
         self._feeds: set[MessageFeed] = set()
         self._http: aiohttp.ClientSession | None = None
@@ -179,21 +179,23 @@ class PreviewPage:
     # -- access ---------------------------------------------------------------------------------
 
     def _token_ok(self, presented: str) -> bool:
-        return self._token is not None and hmac.compare_digest(presented.encode(), self._token)
+        expected = self._token.get_secret_value() if self._token is not None else None
+        return expected is not None and hmac.compare_digest(
+            presented.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape")
+        )
 
     def authorized(self, request: web.Request) -> bool:
         """No token configured, or the request carries it (bearer header or the page's cookie)."""
         if self._token is None:
             return True
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self._token_ok(presented.strip()):
-            return True
-        return self._token_ok(request.cookies.get(COOKIE, ""))
+        return bearer_matches(request, self._token) or self._token_ok(request.cookies.get(COOKIE, ""))
 
     def _guarded(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if not self.authorized(request):
-                return _json_error(401, "this page needs FP_API__TOKEN: open /sandbox/?token=<token> once")
+                raise HttpError(
+                    401, "unauthorized", "this page needs FP_API__TOKEN: open /sandbox/?token=<token> once"
+                )
             return await handler(request)
 
         return guarded
@@ -201,10 +203,7 @@ class PreviewPage:
     def _state(self) -> SandboxState:
         state = self._state_of()
         if state is None:
-            raise web.HTTPServiceUnavailable(
-                text=json.dumps({"error": "the sandbox is not running (yet)"}),
-                content_type="application/json",
-            )
+            raise HttpError(503, "unavailable", "the sandbox is not running (yet)", retry_after=1)
         return state
 
     # -- the page -------------------------------------------------------------------------------
@@ -217,7 +216,7 @@ class PreviewPage:
         token = request.query.get("token")
         if token is not None:
             if not self._token_ok(token):
-                return web.Response(status=401, text="wrong token\n")
+                return json_error(401, "unauthorized", "wrong token")
             # The token leaves the address bar (and the history) at once: only the cookie keeps it.
             response = web.Response(status=303, headers={"Location": f"{PREFIX}/"})
             response.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="Strict")
@@ -231,7 +230,7 @@ class PreviewPage:
     async def static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if name not in STATIC_TYPES or name == "index.html":
-            raise web.HTTPNotFound()
+            raise HttpError(404, "not_found", f"no static file {name!r}")
         return self._file(name)
 
     def _file(self, name: str) -> web.Response:
@@ -240,7 +239,7 @@ class PreviewPage:
     async def image(self, request: web.Request) -> web.StreamResponse:
         data = self._state().images.get(request.match_info["image_key"])
         if data is None:
-            raise web.HTTPNotFound()
+            raise HttpError(404, "unknown_image", "the sandbox stores no image with that key")
         content_type = next(
             (kind for magic, kind in _IMAGE_TYPES if data.startswith(magic)), "application/octet-stream"
         )
@@ -351,18 +350,15 @@ class PreviewPage:
     # -- clicks ---------------------------------------------------------------------------------
 
     async def click(self, request: web.Request) -> web.StreamResponse:
-        refused = _refuse_click(request)
-        if refused is not None:
-            return refused
+        _refuse_foreign_origin(request)
+        # JSON only (read_json answers 415 otherwise): a cross-site HTML form cannot send it.
         try:
-            raw = await request.content.read(MAX_CLICK_BODY + 1)
-            body = json.loads(raw) if len(raw) <= MAX_CLICK_BODY else None
-            click = Click.parse(body)
+            click = Click.parse(await read_json(request, limit=MAX_CLICK_BODY))
         except ValueError as exc:
-            return _json_error(422, str(exc))
+            raise HttpError(422, "invalid_click", str(exc)) from None
         message = self._state().messages.get(click.message_id)
         if message is None:
-            return _json_error(404, f"the sandbox holds no message {click.message_id}")
+            raise HttpError(404, "unknown_message", f"the sandbox holds no message {click.message_id}")
         operator = click.operator or self._requester_of(message.message_id) or DEFAULT_OPERATOR
         status, answer = await self._deliver(request, click, message, operator)
         return web.json_response({"status": status, "answer": answer, "operator": operator})
@@ -453,14 +449,11 @@ def _is_form_value(value: Any) -> bool:
     return True
 
 
-def _refuse_click(request: web.Request) -> web.Response | None:
-    """Only the page itself may click: JSON (no cross-site form can send it) from our own origin."""
-    if request.content_type != "application/json":
-        return _json_error(415, "content type must be application/json")
+def _refuse_foreign_origin(request: web.Request) -> None:
+    """Only the page itself may click: a browser names the page's origin on every POST it sends."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != f"{request.scheme}://{request.host}":
-        return _json_error(403, "clicks are accepted only from the preview page's own origin")
-    return None
+        raise HttpError(403, "foreign_origin", "clicks are accepted only from the preview page's own origin")
 
 
 def _own_url(request: web.Request, path: str) -> str:
@@ -468,17 +461,13 @@ def _own_url(request: web.Request, path: str) -> str:
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     if not sockname:
-        raise web.HTTPServiceUnavailable(text="the listener's address is unknown")
+        raise HttpError(503, "unavailable", "the listener's address is unknown", retry_after=1)
     host, port = str(sockname[0]), int(sockname[1])
     return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
 
 
 def _event(name: str, data: Any) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def _json_error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -1119,7 +1119,7 @@
       });
       const data = await response.json().catch(() => ({}));
       if (!response.ok) {
-        toast("error", data.error || `the preview answered HTTP ${response.status}`);
+        toast("error", data.message || data.error || `the preview answered HTTP ${response.status}`);
         return null;
       }
       showAnswer(message, data, ctx.locale);
