@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -57,6 +58,10 @@ from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
 from feishu_progress.web.http import bearer_auth, json_errors
+
+if TYPE_CHECKING:
+    from feishu_progress.sandbox.server import RunningSandbox
+    from feishu_progress.sandbox.state import SandboxState
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +113,16 @@ class _LateDeduper:
 
 
 def create_app(
-    settings: Settings, *, clock: Clock | None = None, registry: CollectorRegistry | None = None
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    registry: CollectorRegistry | None = None,
+    sandbox: RunningSandbox | None = None,
 ) -> web.Application:
-    """The public application; its startup brings up everything else (see module docstring)."""
+    """The public application; its startup brings up everything else (see module docstring).
+
+    ``sandbox``: a sandbox the caller runs itself (the demo) and whose cards the preview page shows.
+    """
     problems = settings.serving_problems()
     if problems:
         raise ConfigError("; ".join(problems))
@@ -138,6 +150,8 @@ def create_app(
             )
         )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
+    if settings.feishu.sandbox or sandbox is not None:
+        _mount_preview(app, services, sandbox)
     app.cleanup_ctx.append(_lifecycle)
     return app
 
@@ -156,6 +170,30 @@ def _with_sandbox_callback_keys(settings: Settings) -> Settings:
         "verification_token": SecretStr(secrets.token_urlsafe(24)),
     }
     return settings.model_copy(update={"feishu": feishu.model_copy(update=keys)})
+
+
+def _mount_preview(app: web.Application, services: Services, handed: RunningSandbox | None) -> None:
+    """The sandbox preview page at /sandbox/ (sandbox/preview.py): only where a sandbox exists."""
+    from feishu_progress.sandbox.preview import callback_keys, mount_preview
+
+    def sandbox_state() -> SandboxState | None:
+        running = handed or services.sandbox  # sandbox mode starts its own after the routes are frozen
+        return running.state if running is not None else None
+
+    def requester_of(message_id: str) -> str | None:
+        service = services.service
+        task = None if service is None else service.registry.by_message(message_id)
+        return None if task is None else task.state.requester_open_id
+
+    feishu = services.settings.feishu
+    mount_preview(
+        app,
+        sandbox_state,
+        requester_of,
+        keys=callback_keys(feishu.encrypt_key, feishu.verification_token),
+        api_token=services.settings.api.token,
+        wall=services.clock.wall,
+    )
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

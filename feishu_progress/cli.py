@@ -24,7 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--revision", default=None, help="target revision (default: head, or base with --down)"
     )
     migrate.add_argument("--down", action="store_true", help="downgrade to --revision instead")
-    sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
+    demo = sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="afterwards keep the sandbox and its preview page (/sandbox/) running until Ctrl-C",
+    )
     return parser
 
 
@@ -83,4 +88,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
     from feishu_progress.demo import main as demo_main
 
-    return demo_main(lambda line: print(line, flush=True))  # noqa: T201
+    return demo_main(lambda line: print(line, flush=True), serve=args.serve)  # noqa: T201

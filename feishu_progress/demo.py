@@ -8,11 +8,12 @@ through the runtime API, clicks as encrypted, signed ``card.action.trigger`` cal
 from __future__ import annotations
 
 import asyncio
+import signal
 import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ class DemoResult:
     metrics: list[str]
     largest_card_bytes: int
     largest_card_elements: int
+
+
+Hold = Callable[[DemoResult, str], Awaitable[None]]
 
 
 def tiny_png(width: int = 4, height: int = 4) -> bytes:
@@ -373,41 +377,53 @@ async def _script(run: DemoRun, image_path: Path) -> None:
     await run.show("the runtime stops: final card")
 
 
-async def run_demo(out: Print = print) -> DemoResult:
-    """Play the scripted task and return what happened."""
+async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResult:
+    """Play the scripted task and return what happened.
+
+    ``hold(result, page_url)``, when given, runs after the script while the service, the sandbox and the
+    preview page are still up (``demo --serve``); they stop when it returns.
+    """
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="feishu-progress-demo-") as tmp:
         workdir = Path(tmp)
         image_path = workdir / "cat.png"
         image_path.write_bytes(tiny_png())
         async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as sandbox:
-            app = create_app(demo_settings(sandbox, workdir))
+            app = create_app(demo_settings(sandbox, workdir), sandbox=sandbox)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             try:
                 site = web.TCPSite(runner, "127.0.0.1", 0)
                 await site.start()
                 host, port = runner.addresses[0][:2]
+                base_url = f"http://{host}:{port}"
                 headers = {"Authorization": f"Bearer {API_TOKEN}"}
                 async with aiohttp.ClientSession(headers=headers) as http:
-                    run = DemoRun(http, f"http://{host}:{port}", sandbox, out)
+                    run = DemoRun(http, base_url, sandbox, out)
                     await _script(run, image_path)
                     metrics = await _metrics_lines(http, app[SERVICES].admin_url)
+                result = _result(run, sandbox, metrics, time.monotonic() - started)
+                if hold is not None:
+                    await hold(result, f"{base_url}/sandbox/?token={API_TOKEN}")
             finally:
                 await runner.cleanup()
-            message = sandbox.state.messages[run.message_id]
-            return DemoResult(
-                session_id=run.session_id,
-                message_id=run.message_id,
-                events=run.events_sent,
-                patches=sandbox.state.requests.get("patch", 0),
-                responses=dict(message.responses),
-                final_status=_final_status(message.card),
-                seconds=time.monotonic() - started,
-                metrics=metrics,
-                largest_card_bytes=max(card_bytes(card) for _, card in message.history),
-                largest_card_elements=max(element_count(card) for _, card in message.history),
-            )
+            return result
+
+
+def _result(run: DemoRun, sandbox: RunningSandbox, metrics: list[str], seconds: float) -> DemoResult:
+    message = sandbox.state.messages[run.message_id]
+    return DemoResult(
+        session_id=run.session_id,
+        message_id=run.message_id,
+        events=run.events_sent,
+        patches=sandbox.state.requests.get("patch", 0),
+        responses=dict(message.responses),
+        final_status=_final_status(message.card),
+        seconds=seconds,
+        metrics=metrics,
+        largest_card_bytes=max(card_bytes(card) for _, card in message.history),
+        largest_card_elements=max(element_count(card) for _, card in message.history),
+    )
 
 
 async def _metrics_lines(http: aiohttp.ClientSession, admin_url: str | None) -> list[str]:
@@ -433,8 +449,7 @@ def _final_status(card: Mapping[str, Any]) -> str:
     return str(tags[0]["text"]["content"]) if tags else "?"
 
 
-def main(out: Print = print) -> int:
-    result = asyncio.run(run_demo(out))
+def _summary(out: Print, result: DemoResult) -> None:
     out("\n── summary " + "─" * 50)
     out(f"task {result.session_id} · message {result.message_id} · final state: {result.final_status}")
     out(f"runtime events sent: {result.events} · card PATCHes delivered to the sandbox: {result.patches}")
@@ -447,4 +462,33 @@ def main(out: Print = print) -> int:
     out("metrics after the run (admin /metrics):")
     for line in result.metrics:
         out(f"   {line}")
+
+
+async def until_stopped() -> None:
+    """Return on SIGINT (Ctrl-C) or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
+def main(out: Print = print, *, serve: bool = False) -> int:
+    """Play the demo; with ``serve``, keep the sandbox and its preview page up until Ctrl-C."""
+
+    async def hold(result: DemoResult, page_url: str) -> None:
+        _summary(out, result)
+        out(f"\nsandbox preview (live cards, clickable): {page_url}")
+        out("the service, the sandbox and the page keep running: Ctrl-C stops them")
+        await until_stopped()
+        out("stopping")
+
+    result = asyncio.run(run_demo(out, hold=hold if serve else None))
+    if not serve:
+        _summary(out, result)
     return 0

@@ -228,6 +228,9 @@ class CardKit:
         answer = self._decide(endpoint, entity, card_id, body, apply, scope=scope)
         if entity is not None and answer.code != OK:
             entity.record.last_error = answer.code
+            message = self._state.messages.get(entity.message_id or "")
+            if message is not None:  # the preview's badge shows a message's last refusal, any API
+                message.last_error_code = answer.code
         return answer
 
     def _decide(

@@ -39,12 +39,18 @@ def card_action_payload(
     form_value: Mapping[str, Any] | None = None,
     click_token: str | None = None,
     event_id: str | None = None,
+    button_name: str | None = None,
 ) -> dict[str, Any]:
-    """A schema-2.0 ``card.action.trigger`` event for one click (or form submit)."""
+    """A schema-2.0 ``card.action.trigger`` event for one click (or form submit).
+
+    ``button_name`` is the clicked button's ``name`` (Feishu sends it; a form's submit button has one).
+    """
     action: dict[str, Any] = {"tag": "button", "value": dict(value)}
     if form_value is not None:
         action["form_value"] = dict(form_value)
         action["name"] = "submit"
+    if button_name:
+        action["name"] = button_name
     context: dict[str, Any] = {"open_message_id": message_id}
     if chat_id:
         context["open_chat_id"] = chat_id

@@ -128,6 +128,8 @@ async def _patch(request: web.Request) -> web.StreamResponse:
     state, early = await _admit(request, "patch")
     message_id = request.match_info["message_id"]
     if early is not None:
+        # A refusal before the rules (injected fault, bad token, storm) still shows on the message.
+        state.note_refusal(message_id, _code_of(early))
         return early
     return _respond(state, state.patch(message_id, await _json_body(request)), message_id)
 
@@ -249,6 +251,19 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _code_of(response: web.StreamResponse) -> int:
+    """The Feishu code of an answer we built, or its HTTP status when the body is not Feishu JSON."""
+    body = response.body if isinstance(response, web.Response) else None
+    if isinstance(body, bytes) and response.content_type == "application/json":
+        try:
+            code = json.loads(body).get("code")
+        except (ValueError, AttributeError):
+            code = None
+        if isinstance(code, int):
+            return code
+    return response.status
 
 
 def _respond(state: SandboxState, answer: Answer, message_id: str | None = None) -> web.Response:

@@ -25,7 +25,7 @@ from feishu_progress.sandbox.faults import Faults
 if TYPE_CHECKING:
     from feishu_progress.sandbox.cardkit import CardKit, CardKitRecord
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 DAY = 86400.0
 RECEIVE_ID_TYPES = frozenset({"open_id", "user_id", "union_id", "email", "chat_id"})
@@ -138,6 +138,9 @@ class SandboxMessage:
     patch_times: deque[float] = field(default_factory=deque)
     card_id: str | None = None  # set when the message shows a CardKit card entity
     cardkit: CardKitRecord | None = None  # that entity's accepted updates and last error
+    last_error_code: int | None = (
+        None  # the latest refusal of an update to this message (kept after a success)
+    )
 
     @property
     def card(self) -> dict[str, Any]:
@@ -199,8 +202,28 @@ class SandboxState:
         self._app_limits: dict[str, tuple[SlidingWindow, SlidingWindow]] = {}
         self._verdicts: OrderedDict[str, Answer | dict[str, Any]] = OrderedDict()
         self._ids = itertools.count(1)
+        # Called (synchronously, in the sandbox's thread) after every accepted or refused change to a
+        # message: the preview page's live feed listens here. A listener must never block.
         self.listeners: list[Callable[[SandboxMessage], None]] = []
         self.cardkit: CardKit = CardKit(self)
+
+    # --- change notifications -----------------------------------------------------------------
+
+    def _notify(self, message: SandboxMessage) -> None:
+        """Tell every listener that ``message`` changed; a failing listener never breaks the sandbox."""
+        for listener in list(self.listeners):
+            try:
+                listener(message)
+            except Exception:
+                log.exception("sandbox listener %r failed on %s", listener, message.message_id)
+
+    def note_refusal(self, message_id: str, code: int) -> None:
+        """Record that an update of ``message_id`` was refused with ``code``, then notify."""
+        message = self.messages.get(message_id)
+        if message is None:
+            return
+        message.last_error_code = code
+        self._notify(message)
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -221,10 +244,12 @@ class SandboxState:
     def recall(self, message_id: str) -> None:
         """Recall a message: PATCHes then fail with 230011."""
         self.messages[message_id].recalled = True
+        self._notify(self.messages[message_id])
 
     def delete(self, message_id: str) -> None:
         """Delete a message: PATCHes then fail with 230110."""
         self.messages[message_id].deleted = True
+        self._notify(self.messages[message_id])
 
     def expire_tokens(self) -> None:
         """Invalidate every issued token (as if they all lived past their 2 hours)."""
@@ -238,14 +263,6 @@ class SandboxState:
         self.connections = 0
         self._transports.clear()
         self.cardkit.counters.clear()
-
-    def _notify(self, message: SandboxMessage) -> None:
-        """Tell every listener ``message`` changed; a failing listener is logged, never breaks the sandbox."""
-        for listener in list(self.listeners):
-            try:
-                listener(message)
-            except Exception:
-                _log.exception("sandbox listener failed", extra={"message_id": message.message_id})
 
     def note_connection(self, transport: object) -> None:
         """Count a client connection the first time one of its requests arrives."""
@@ -438,6 +455,7 @@ class SandboxState:
             in_thread=bool(body.get("reply_in_thread")),
         )
         self.messages[message_id] = message
+        self._notify(message)
         return message
 
     def _message_data(self, message: SandboxMessage) -> dict[str, Any]:
@@ -458,6 +476,14 @@ class SandboxState:
 
     def patch(self, message_id: str, body: dict[str, Any]) -> Answer:
         """PATCH a card message, enforcing the gateway, message-state, per-message and card rules."""
+        answer = self._patch(message_id, body)
+        if answer.code != OK:
+            self.note_refusal(message_id, answer.code)
+        elif message_id in self.messages:
+            self._notify(self.messages[message_id])
+        return answer
+
+    def _patch(self, message_id: str, body: dict[str, Any]) -> Answer:
         limited = self.app_limit("patch")
         if limited is not None:
             return limited
