@@ -258,13 +258,14 @@ def _build_service(
         metrics=metrics,
     )
     action_log = ActionLog(ActionRepository(db), clock, services.background)
+    images = ImageKeys.from_settings(settings.images, client, services.background, fetcher)
     service = TaskService(
         registry=registry,
         creator=TaskCreator(settings=settings, repo=tasks, sender=client, registry=registry, clock=clock),
         applier=EventApplier(
             subagent_rows=SubagentRepository(db),
             manager=manager,
-            images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
+            images=images,
             snapshots=snapshots,
             clock=clock,
             metrics=metrics,
@@ -278,6 +279,7 @@ def _build_service(
             stale_after=settings.task.stale_after,
             clock=clock,
         ),
+        images=images,
     )
     scheduler.listener = service
     services.scheduler, services.service = scheduler, service

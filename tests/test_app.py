@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -356,3 +358,40 @@ async def test_answers_are_validated_and_an_answered_ask_says_so(client: TestCli
     assert late["toast"]["type"] == "info"
     log = await (await client.get(f"/v1/tasks/{session_id}/actions?after=0&wait=2", headers=AUTH)).json()
     assert [a["payload"]["answers"][0]["selected_labels"] for a in log["actions"]] == [["否"]]
+
+
+async def test_the_runtime_hands_over_image_bytes_and_a_tool_result_names_the_ref(
+    client: TestClient[Any, Any], sandbox: RunningSandbox
+) -> None:
+    session_id, message_id = await _create(client)
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+
+    async def upload(data: bytes, field: str = "image") -> aiohttp.ClientResponse:
+        form = aiohttp.FormData()
+        form.add_field(field, io.BytesIO(data), filename="x.png", content_type="application/octet-stream")
+        return await client.post(f"/v1/tasks/{session_id}/images", data=form, headers=AUTH)
+
+    created = await upload(png)
+    assert created.status == 201
+    uploaded = await created.json()
+    assert uploaded["image_ref"].startswith("fpimg:") and uploaded["mime"] == "image/png"
+    assert sandbox.state.images[uploaded["image_key"]] == png
+    assert (await (await upload(png)).json())["image_ref"] == uploaded["image_ref"]  # same bytes, same ref
+
+    refused = await upload(b"#!/bin/sh\nrm -rf /\n")
+    assert refused.status == 422 and (await refused.json())["error"] == "invalid_image"
+    assert (await upload(png, field="other")).status == 422
+    assert (await upload(b"\x89PNG\r\n\x1a\n" + b"\x00" * (10 * 1024 * 1024))).status == 413
+    unauthenticated = await client.post(f"/v1/tasks/{session_id}/images", data=b"x")
+    assert unauthenticated.status == 401
+
+    result = {"images": [{"image_url": uploaded["image_ref"], "size_bytes": len(png), "mime": "image/png"}]}
+    await _events(
+        client,
+        session_id,
+        {"type": "tool_started", "call_id": "g1", "name": "generate_image", "args": {"prompt": "猫"}},
+        {"type": "tool_finished", "call_id": "g1", "result": result},
+    )
+    card = (await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json())["card"]
+    assert uploaded["image_key"] in json.dumps(card)
+    assert message_id in sandbox.state.messages

@@ -18,7 +18,7 @@ from feishu_progress.db.migrate import downgrade, head_revision, migration_state
 from feishu_progress.db.models import Base, SessionRow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-APP_TABLES = {"session", "subagent_execution", "task_card", "task_action", "callback_seen"}
+APP_TABLES = {"session", "subagent_execution", "task_card", "task_action", "callback_seen", "instance_lease"}
 
 
 async def table_names(url: str) -> set[str]:

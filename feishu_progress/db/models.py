@@ -177,6 +177,13 @@ class TaskCard(TimestampMixin, Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # The runtime's Idempotency-Key of POST /v1/tasks: a repeat answers the same task.
     idempotency_key: Mapped[str | None] = mapped_column(String(191))
+    # "cardkit" (a card entity, streamed text) or "patch" (a message PATCHed whole); None: patch.
+    transport: Mapped[str | None] = mapped_column(String(16))
+    card_id: Mapped[str | None] = mapped_column(String(64))  # the CardKit entity, when transport is cardkit
+    # Cluster mode: the instance that writes this card, and the epoch bumped on every takeover or restart
+    # (a CardKit sequence is fence << 20 | n, so Feishu refuses a writer from an older epoch).
+    owner_instance: Mapped[str | None] = mapped_column(String(64), index=True)
+    fence: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class TaskAction(Base):
@@ -203,3 +210,17 @@ class CallbackSeen(Base):
 
     key: Mapped[str] = mapped_column(String(191), primary_key=True)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+
+
+class InstanceLease(Base):
+    """A live instance (cluster mode): its heartbeat, on the database's clock, and its address for peers."""
+
+    __tablename__ = "instance_lease"
+    __table_args__ = MYSQL_TABLE_OPTIONS
+
+    instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    draining: Mapped[bool] = mapped_column(Boolean, server_default=false())

@@ -15,19 +15,23 @@ logged once, the final state still goes out.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.errors import UnknownTask
+from feishu_progress.images import require_image
 from feishu_progress.progress.scheduler import Deliverable
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
 from feishu_progress.runtime.creation import CreatedTask, TaskCreator
 from feishu_progress.runtime.housekeeping import Housekeeping
+from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.snapshots import SnapshotStore
+from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class TaskService:
     snapshots: SnapshotStore
     action_log: ActionLog
     housekeeping: Housekeeping
+    images: ImageKeys
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
@@ -67,6 +72,24 @@ class TaskService:
     async def apply_events(self, session_id: int, batch: ev.EventBatch) -> int:
         """Apply a validated batch in order (TaskConflict after the task finished); returns how many."""
         return await self.applier.apply(await self.require(session_id), batch)
+
+    async def add_image(self, session_id: int, data: bytes) -> dict[str, Any]:
+        """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.
+
+        The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise); they pass through the same
+        bounded upload gate as every other image. The ref is the content's digest, so the same image
+        uploaded twice is one ref and one Feishu upload.
+        """
+        task = await self.require(session_id)
+        mime = require_image(data)
+        assert self.images.uploads is not None
+        image_key = await self.images.uploads.upload_image(data)
+        ref = UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
+        async with task.lock:
+            task.state.add_uploaded_image(ref, image_key)
+            task.sync_card()
+            self.snapshots.mark_dirty(task)
+        return {"image_ref": ref, "image_key": image_key, "mime": mime, "bytes": len(data)}
 
     async def view(self, session_id: int) -> dict[str, Any]:
         """``GET /v1/tasks/{id}``: status, round, message and the current card."""

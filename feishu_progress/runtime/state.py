@@ -37,6 +37,8 @@ CONTENT_KEEP_CHARS = 50_000
 MAX_TOOLS_KEPT = 50
 MAX_PENDING = 10
 MAX_REMEMBERED_IDS = 200
+MAX_IMAGE_KEYS = 100  # images a card can name (uploaded by the runtime, or from tool results)
+UPLOADED_IMAGE_PREFIX = "fpimg:"
 SNAPSHOT_VERSION = 2
 
 # Notices that the runtime's next RUNNING status makes obsolete.
@@ -203,6 +205,12 @@ class TaskState:
         self.last_event_at = now
         if self.status.is_terminal and self.finished_at is None:
             self.finished_at = now
+
+    def add_uploaded_image(self, ref: str, image_key: str) -> None:
+        """An image the runtime uploaded (``POST /v1/tasks/{id}/images``): tool results may name ``ref``."""
+        if ref not in self.image_keys and len(self.image_keys) >= MAX_IMAGE_KEYS:
+            raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
+        self.image_keys[ref] = image_key
 
     # ----------------------------------------------------------------- clicks and housekeeping
     def mark_lost(self, now: float) -> None:

@@ -7,11 +7,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from feishu_progress.errors import EventRejected, TaskConflict, UnknownTask
+from feishu_progress.config import MAX_IMAGE_BYTES
+from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
 from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.service import TaskService
-from feishu_progress.web.http import HttpError, read_json
+from feishu_progress.web.http import HttpError, read_file_field, read_json
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RuntimeApi:
             web.post("/v1/tasks/{session_id}/events", self.post_events),
             web.get("/v1/tasks/{session_id}", self.get_task),
             web.get("/v1/tasks/{session_id}/actions", self.get_actions),
+            web.post("/v1/tasks/{session_id}/images", self.upload_image),
         ]
 
     async def create_task(self, request: web.Request) -> web.Response:
@@ -112,3 +114,19 @@ class RuntimeApi:
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
         return web.json_response({"actions": actions, "cursor": cursor})
+
+    async def upload_image(self, request: web.Request) -> web.Response:
+        """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP)."""
+        session_id = _session_id(request)
+        data = await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
+        try:
+            uploaded = await self.service.add_image(session_id, data)
+        except UnknownTask:
+            raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        except ImageRefused as exc:
+            raise HttpError(
+                422, "invalid_image", f"not an image we can show: {exc.reason}", field="image"
+            ) from None
+        except EventRejected as exc:
+            raise HttpError(422, "too_many_images", exc.message, field="image") from None
+        return web.json_response(uploaded, status=201)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
 
 from feishu_progress.errors import FeishuProgressError
@@ -136,3 +136,32 @@ async def read_json(
         return json.loads(raw)
     except (ValueError, RecursionError):
         raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+
+
+async def read_file_field(
+    request: web.Request, *, field: str, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
+) -> bytes:
+    """The bytes of one file field of a ``multipart/form-data`` body, read under a cap and a deadline."""
+    if request.content_type != "multipart/form-data":
+        raise HttpError(415, "unsupported_media_type", f"send multipart/form-data with a {field!r} file")
+    try:
+        async with asyncio.timeout(timeout):
+            return await _file_field(request, field, limit)
+    except TimeoutError:
+        raise HttpError(408, "body_timeout", f"the body did not arrive within {timeout:g} s") from None
+    except ValueError:  # a malformed multipart body
+        raise HttpError(400, "invalid_multipart", "the body is not valid multipart/form-data") from None
+
+
+async def _file_field(request: web.Request, field: str, limit: int) -> bytes:
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader) or part.name != field:
+            continue
+        data = bytearray()
+        while chunk := await part.read_chunk(_READ_CHUNK):
+            data += chunk
+            if len(data) > limit:
+                raise HttpError(413, "body_too_large", f"{field!r} is over {limit} bytes")
+        return bytes(data)
+    raise HttpError(422, "invalid_request", f"no {field!r} file in the form", field=field)
