@@ -26,7 +26,16 @@ def admin_deps(services: Services) -> AdminDeps:
         checks=checks,
         cards=lambda: live_cards(services),
         token=services.settings.admin.token,
+        degradations={"feishu": lambda: _feishu_outage(services)},
     )
+
+
+def _feishu_outage(services: Services) -> str | None:
+    scheduler = services.scheduler
+    if scheduler is None or scheduler.breaker.opened_at is None:
+        return None
+    down = services.clock.monotonic() - scheduler.breaker.opened_at
+    return f"outage breaker open for {down:.0f} s: Feishu fails for every card, probing every 2 s"
 
 
 async def _database(services: Services) -> str | None:
