@@ -53,6 +53,8 @@ def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sandbox.add_argument(
         "--latency-ms", type=float, default=0.0, help="delay every Open API answer by this many milliseconds"
     )
+    sandbox.add_argument("--app-per-second", type=float, default=50, help="app budget per API and second")
+    sandbox.add_argument("--app-per-minute", type=float, default=1000, help="app budget per API and minute")
 
 
 def _sandbox(args: argparse.Namespace) -> int:
@@ -65,6 +67,8 @@ def _sandbox(args: argparse.Namespace) -> int:
         app_secret=args.app_secret,
         time_scale=args.time_scale,
         latency_ms=args.latency_ms,
+        app_per_second=args.app_per_second,
+        app_per_minute=args.app_per_minute,
     )
     return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
 

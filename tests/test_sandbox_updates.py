@@ -4,10 +4,7 @@ answered, what overlapped; and ``feishu-progress sandbox`` as a process of its o
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +20,8 @@ from feishu_progress.feishu import client as client_module
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
 from feishu_progress.sandbox.updates import INSTANCE_HEADER
+from tests import cluster_harness as harness
+from tests.cluster_harness import Cluster
 from tests.fakes import FakeClock
 from tests.test_sandbox_cardkit import Api, entity_card
 
@@ -194,48 +193,24 @@ async def test_cardkit_updates_join_the_log_of_the_message_that_shows_the_card(
 # --- the sandbox as its own process ----------------------------------------------------------------
 
 
-def _start_sandbox_process(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-    out = (tmp_path / "sandbox.out").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "feishu_progress", "sandbox", "--port", "0", *args],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    out.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        first = (tmp_path / "sandbox.out").read_text().splitlines()
-        if first and first[0].startswith("http://"):
-            return process, first[0]
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    process.wait()
-    raise AssertionError("the sandbox printed no URL: " + (tmp_path / "sandbox.out").read_text()[-2000:])
-
-
 @pytest.mark.slow
 async def test_the_sandbox_command_serves_until_sigterm(tmp_path: Path) -> None:
-    process, base_url = _start_sandbox_process(tmp_path, "--app-id", APP_ID, "--app-secret", APP_SECRET)
-    try:
-        settings = FeishuSettings(base_url=base_url, app_id=APP_ID, app_secret=SecretStr(APP_SECRET))
-        async with FeishuClient(settings, instance_id="fp-x") as client, aiohttp.ClientSession() as http:
+    async with Cluster(tmp_path) as cluster:  # the harness kills it whatever happens
+        base_url = await cluster.start_sandbox()
+        settings = FeishuSettings(
+            base_url=base_url, app_id=harness.APP_ID, app_secret=SecretStr(harness.APP_SECRET)
+        )
+        async with FeishuClient(settings, instance_id="fp-x") as client:
             message_id = await client.send_card("oc_chat", "chat_id", card("v0"), "u-1")
             await client.patch_card(message_id, card("v1"))
-            async with http.get(f"{base_url}/_sandbox/messages") as response:
-                log = await response.json()
-            wrong = FeishuSettings(base_url=base_url, app_id=APP_ID, app_secret=SecretStr("wrong"))
-            async with FeishuClient(wrong) as stranger:
-                assert not await stranger.token_ok()  # --app-secret is enforced
+        log = await cluster.sandbox_log()
         assert [u["instance"] for u in log["messages"][0]["updates"]] == ["fp-x"]
+        wrong = settings.model_copy(update={"app_secret": SecretStr("wrong")})
+        async with FeishuClient(wrong) as stranger:
+            assert not await stranger.token_ok()  # --app-secret is enforced
+
+        assert cluster.sandbox is not None
         started = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
+        cluster.sandbox.signal(signal.SIGTERM)
+        assert await cluster.sandbox.wait_exit(10) == 0
         assert time.monotonic() - started < 5
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()

@@ -27,9 +27,18 @@ class SandboxOptions:
     app_secret: str | None = None
     time_scale: float = 1.0
     latency_ms: float = 0.0  # added to every Open API answer: Feishu is not instant, and overlaps show
+    # The app budget per API (Feishu: 50/s, 1000/min). Lower, a test can outrun it with a few cards.
+    app_per_second: float = 50
+    app_per_minute: float = 1000
 
     def config(self) -> SandboxConfig:
-        return SandboxConfig(app_id=self.app_id, app_secret=self.app_secret, time_scale=self.time_scale)
+        return SandboxConfig(
+            app_id=self.app_id,
+            app_secret=self.app_secret,
+            time_scale=self.time_scale,
+            app_per_second=self.app_per_second,
+            app_per_minute=self.app_per_minute,
+        )
 
 
 async def serve_sandbox(options: SandboxOptions, announce: Callable[[str], None]) -> None:
