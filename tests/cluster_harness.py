@@ -204,6 +204,15 @@ class Reply:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Exit:
+    """How a SIGTERM ended: the exit code (None: still running), when it was sent, how long it took."""
+
+    code: int | None
+    signalled_at: float
+    seconds: float
+
+
 @dataclass
 class ClusterOptions:
     """What every instance of one run shares."""
@@ -439,15 +448,15 @@ class Cluster:
         instance.paused = False
         return resumed_at
 
-    async def sigterm(self, index: int, timeout: float = 40.0) -> tuple[int | None, float]:
-        """Ask the instance to stop; its exit code (None: still running) and how long it took."""
+    async def sigterm(self, index: int, timeout: float = 40.0) -> Exit:
+        """Ask the instance to stop and wait (at most ``timeout`` s) until it has."""
         instance = self.instances[index]
         assert instance.child is not None
         await self._drain(instance)
-        started = time.monotonic()
+        signalled_at = time.monotonic()
         instance.child.signal(signal.SIGTERM)
         code = await instance.child.wait_exit(timeout)
-        return code, time.monotonic() - started
+        return Exit(code, signalled_at, time.monotonic() - signalled_at)
 
     async def restart(self, index: int) -> None:
         """Start the instance again on the same ports (killing it first if it still runs)."""
@@ -631,8 +640,14 @@ class Workload:
     async def settled(self, timeout: float = 30.0) -> dict[str, Any]:
         """The sandbox log (with history) once every ended task's card shows its final status."""
 
+        missing: list[str] = []
+
         async def done() -> dict[str, Any] | None:
             log = await self.cluster.sandbox_log(history=True)
-            return None if undelivered_finals(log["messages"], self.expected_finals()) else log
+            missing[:] = undelivered_finals(log["messages"], self.expected_finals())
+            return None if missing else log
 
-        return await eventually(done, timeout, "every final card")
+        try:
+            return await eventually(done, timeout, "every final card")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; still missing: {missing}") from None

@@ -79,9 +79,9 @@ async def test_one_instance_survives_kill9_and_a_restart_then_stops_on_sigterm(
         f"\n1 instance: {sum(updates)} updates of {len(messages)} cards, {workload.expected_marks()} events"
     )
 
-    code, seconds = await cluster.sigterm(0)
-    assert code == 0
-    assert seconds < 5, f"SIGTERM took {seconds:.1f} s"
+    stopped = await cluster.sigterm(0)
+    assert stopped.code == 0
+    assert stopped.seconds < 5, f"SIGTERM took {stopped.seconds:.1f} s"
 
 
 async def eventually_caught_up(workload: Workload) -> None:
