@@ -199,9 +199,8 @@ async def test_three_instances_share_events_clicks_and_one_budget(
     for index in range(INSTANCES):
         ready = await cluster.readyz(index)
         assert ready.status == 200, ready.body
-        assert any("redis" in name for name in ready.body["checks"]), ready.body
-        assert any("lease" in name for name in ready.body["checks"]), ready.body
-
+        checks = " ".join(ready.body["checks"])
+        assert "redis" in checks and "lease" in checks, f"/readyz reports Redis and the lease: {ready.body}"
     workload = Workload(cluster)
     tasks = await workload.create(12)
     clicked = tasks[:3]
@@ -244,13 +243,18 @@ async def test_three_instances_share_events_clicks_and_one_budget(
             view = (await cluster.request(index, "GET", f"/v1/tasks/{task.session_id}", headers=api())).body
             assert (view["status"], view["disliked"]) == (task.final.value if task.final else None, True)
 
+    await assert_one_shared_budget(cluster, log)
+
+
+async def assert_one_shared_budget(cluster: Cluster, log: Mapping[str, Any]) -> None:
+    """Each instance's /metrics: on the shared budget, which granted every update the sandbox saw."""
     texts = await asyncio.gather(*(cluster.metrics(index) for index in range(INSTANCES)))
     for text in texts:
         assert metric(text, "fp_budget_mode", {"mode": "shared"}) == 1
     updates = sum(len(message["updates"]) for message in log["messages"])
     grants = sum(metric(text, "fp_budget_grants_total") for text in texts)
     assert grants >= updates, f"every update went through the shared budget: {grants} grants, {updates}"
-    print(f"\n3 instances: {updates} updates, {grants:.0f} grants, writers {sorted(writers)}")
+    print(f"\n3 instances: {updates} updates, {grants:.0f} grants")
 
 
 async def test_kill9_of_an_owner_its_cards_are_taken_over_within_10_s(
