@@ -1,4 +1,4 @@
-"""Command line: ``feishu-progress serve | migrate | demo``."""
+"""Command line: ``feishu-progress serve | migrate | demo | sandbox``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,47 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="afterwards keep the sandbox and its preview page (/sandbox/) running until Ctrl-C",
     )
+    _add_sandbox_parser(sub)
     return parser
+
+
+def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sandbox = sub.add_parser(
+        "sandbox",
+        help="run the local Feishu sandbox as its own process (several instances can share it); "
+        "prints its base URL, stops on SIGINT/SIGTERM",
+    )
+    sandbox.add_argument("--host", default="127.0.0.1")
+    sandbox.add_argument("--port", type=int, default=0, help="0 (default): a free port")
+    sandbox.add_argument("--app-id", default=None, help="when set, tokens are issued only for this app")
+    sandbox.add_argument("--app-secret", default=None)
+    sandbox.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="sandbox seconds per real second",
+    )
+    sandbox.add_argument(
+        "--latency-ms", type=float, default=0.0, help="delay every Open API answer by this many milliseconds"
+    )
+    sandbox.add_argument("--app-per-second", type=float, default=50, help="app budget per API and second")
+    sandbox.add_argument("--app-per-minute", type=float, default=1000, help="app budget per API and minute")
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from feishu_progress.sandbox.process import SandboxOptions, run
+
+    options = SandboxOptions(
+        host=args.host,
+        port=args.port,
+        app_id=args.app_id,
+        app_secret=args.app_secret,
+        time_scale=args.time_scale,
+        latency_ms=args.latency_ms,
+        app_per_second=args.app_per_second,
+        app_per_minute=args.app_per_minute,
+    )
+    return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
 
 
 def _settings() -> Settings:
@@ -79,6 +119,9 @@ def _migrate(settings: Settings, revision: str | None, down: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "sandbox":  # Feishu's stand-in: none of the service's FP_ settings apply to it
+        configure_logging("WARNING")
+        return _sandbox(args)
     settings = _settings()
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if args.command == "serve":

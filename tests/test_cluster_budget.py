@@ -14,15 +14,12 @@ import bisect
 import itertools
 import multiprocessing
 import os
-import select
-import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,7 @@ from feishu_progress.config import RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import SystemClock
 from tests.fakes import FakeClock
+from tests.redis_server import OwnRedis, own_redis_server
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/5"
 EPS = 1e-6
@@ -462,82 +460,10 @@ def test_four_processes_together_stay_within_both_windows(redis_url: str, key_pr
 # -- Redis stopped, hung, restarted: our own redis-server ------------------------------------------
 
 
-@dataclass
-class OwnRedis:
-    """A redis-server of this test alone, on a free port; ``close`` always kills it."""
-
-    port: int
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        self._wait_until_ready(self.process)
-
-    @staticmethod
-    def _wait_until_ready(process: subprocess.Popen[bytes]) -> None:
-        """Read the server's log until it says it accepts connections (no polling, no sleeping)."""
-        assert process.stdout is not None
-        deadline = time.monotonic() + 10
-        seen = b""
-        while b"Ready to accept connections" not in seen:
-            remaining = deadline - time.monotonic()
-            ready, _, _ = select.select([process.stdout], [], [], max(remaining, 0))
-            if not ready or process.poll() is not None:
-                raise RuntimeError(f"redis-server did not start: {seen.decode(errors='replace')[-500:]}")
-            seen += os.read(process.stdout.fileno(), 65536)
-
-    def suspend(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        process.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-
-
 @pytest.fixture
 def own_redis() -> Iterator[OwnRedis]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = OwnRedis(port)
-    try:
-        server.start()
+    with own_redis_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def wait_for_probe(budget: SharedBudget, clock: FakeClock, probe_interval: float) -> None:

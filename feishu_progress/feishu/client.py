@@ -31,6 +31,9 @@ MESSAGES_PATH = "/open-apis/im/v1/messages"
 IMAGES_PATH = "/open-apis/im/v1/images"
 DEFAULT_RENEW_MARGIN_SECONDS = 300.0
 DEFAULT_POOL_LIMIT = 64
+# Names the sending instance on every Open API call. Feishu ignores headers it does not know; the
+# sandbox logs it, so a multi-instance test can tell which instance wrote a card.
+INSTANCE_HEADER = "X-FP-Instance"
 _PATH_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 Json = dict[str, Any]
@@ -91,8 +94,10 @@ class FeishuClient:
         pool_limit: int = DEFAULT_POOL_LIMIT,
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self._settings = settings
+        self._instance_headers = {INSTANCE_HEADER: instance_id} if instance_id else {}
         self._base_url = settings.base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
         self._pool_limit = pool_limit
@@ -229,7 +234,7 @@ class FeishuClient:
         form: Callable[[], aiohttp.FormData] | None = None,
     ) -> Json:
         session = self._require_session()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**self._instance_headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         url = self._base_url + path
         try:
             async with session.request(

@@ -2,7 +2,9 @@
 
 ``create_sandbox_app`` builds the app; ``run_sandbox`` serves it on a (free) port for tests, the
 demo and benchmarks. ``GET /_sandbox/stats`` and ``POST /_sandbox/reset`` exist for benchmarks
-that run the sandbox in another process. The long connection's discovery and websocket gateway
+that run the sandbox in another process; ``GET /_sandbox/messages`` (and ``/_sandbox/messages/{id}``) is
+test-only: every message's update log (updates.py), for tests that run several service instances
+against one sandbox (``feishu-progress sandbox``). The long connection's discovery and websocket gateway
 (``FP_FEISHU__MODE=ws``) live in ``ws_gateway.py``; ``RunningSandbox.gateway`` drives it.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,8 @@ from aiohttp import web
 
 from feishu_progress.sandbox.cardkit import CardKit
 from feishu_progress.sandbox.faults import Fault, FaultKind
-from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxMessage, SandboxState
+from feishu_progress.sandbox.updates import INSTANCE_HEADER, overlaps
 from feishu_progress.sandbox.ws_gateway import ClientConfig, WsGateway
 
 STATE_KEY = web.AppKey("sandbox_state", SandboxState)
@@ -51,6 +54,8 @@ def create_sandbox_app(
     app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content", _card_content)
     app.router.add_get("/_sandbox/stats", _stats)
     app.router.add_post("/_sandbox/reset", _reset)
+    app.router.add_get("/_sandbox/messages", _messages)
+    app.router.add_get("/_sandbox/messages/{message_id}", _message)
     app.on_shutdown.append(_release_hangs)
     return app
 
@@ -125,13 +130,17 @@ async def _reply(request: web.Request) -> web.StreamResponse:
 
 
 async def _patch(request: web.Request) -> web.StreamResponse:
-    state, early = await _admit(request, "patch")
     message_id = request.match_info["message_id"]
-    if early is not None:
-        # A refusal before the rules (injected fault, bad token, storm) still shows on the message.
-        state.note_refusal(message_id, _code_of(early))
-        return early
-    return _respond(state, state.patch(message_id, await _json_body(request)), message_id)
+
+    async def handle() -> web.StreamResponse:
+        state, early = await _admit(request, "patch")
+        if early is not None:
+            # A refusal before the rules (injected fault, bad token, storm) still shows on the message.
+            state.note_refusal(message_id, _code_of(early))
+            return early
+        return _respond(state, state.patch(message_id, await _json_body(request)), message_id)
+
+    return await _logged_update(request, "patch", message_id, handle)
 
 
 async def _image(request: web.Request) -> web.StreamResponse:
@@ -177,13 +186,38 @@ async def _card_call(
     operate: Callable[[CardKit, str, Mapping[str, Any]], Answer],
 ) -> web.StreamResponse:
     """An update of one card entity; the message showing it is notified whatever the answer."""
-    state, response = await _admit(request, endpoint)
     card_id = request.match_info["card_id"]
-    if response is None:
-        answer = operate(state.cardkit, card_id, await _json_body(request))
-        response = _respond(state, answer, state.cardkit.message_id_of(card_id))
-    state.cardkit.notify(card_id)
-    return response
+
+    async def handle() -> web.StreamResponse:
+        state, response = await _admit(request, endpoint)
+        if response is None:
+            answer = operate(state.cardkit, card_id, await _json_body(request))
+            response = _respond(state, answer, state.cardkit.message_id_of(card_id))
+        state.cardkit.notify(card_id)
+        return response
+
+    return await _logged_update(request, endpoint, card_id, handle)
+
+
+async def _logged_update(
+    request: web.Request,
+    endpoint: str,
+    target: str,
+    handle: Callable[[], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Run an update handler inside the update log: arrival, what was in flight, answer (updates.py)."""
+    state = request.app[STATE_KEY]
+    record = state.updates.begin(target, endpoint, request.headers.get(INSTANCE_HEADER))
+    response: web.StreamResponse | None = None
+    try:
+        response = await handle()
+        return response
+    finally:
+        code = None if response is None else _code_of(response)
+        status = None if response is None else response.status
+        message = state.messages.get(state.cardkit.message_id_of(target) or target)
+        version = len(message.history) - 1 if code == 0 and message is not None else None
+        state.updates.finish(record, code, status, version)
 
 
 async def _stats(request: web.Request) -> web.StreamResponse:
@@ -198,6 +232,8 @@ async def _stats(request: web.Request) -> web.StreamResponse:
             "token_fetches": state.token_fetches,
             "cardkit": state.cardkit.stats(),
             "ws_connections": request.app[GATEWAY_KEY].connection_count,
+            "rate_limited": state.rate_limited(),
+            "instances": dict(state.updates.by_instance),  # requests by X-FP-Instance ("" without one)
         }
     )
 
@@ -205,6 +241,57 @@ async def _stats(request: web.Request) -> web.StreamResponse:
 async def _reset(request: web.Request) -> web.StreamResponse:
     request.app[STATE_KEY].reset_stats()
     return web.json_response({"ok": True})
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    """Test-only: every message with its update log (``?history=1``: and every card it showed)."""
+    state = request.app[STATE_KEY]
+    with_history = request.query.get("history", "") in {"1", "true"}
+    shown = {message.card_id for message in state.messages.values() if message.card_id}
+    unsent = {
+        target: [record.as_json() for record in state.updates.records([target])]
+        for target in state.cardkit.cards
+        if target not in shown and target in state.updates.by_target
+    }
+    return web.json_response(
+        {
+            "now": state.updates.now(),
+            "rate_limited": state.rate_limited(),
+            "responses": {str(code): count for code, count in state.responses.items()},
+            "instances": dict(state.updates.by_instance),
+            "messages": [_message_json(state, message, with_history) for message in state.messages.values()],
+            "unsent_cards": unsent,
+        }
+    )
+
+
+async def _message(request: web.Request) -> web.StreamResponse:
+    """Test-only: one message with its update log and every card it showed."""
+    state = request.app[STATE_KEY]
+    message = state.messages.get(request.match_info["message_id"])
+    if message is None:
+        return web.json_response({"error": "no such message"}, status=404)
+    return web.json_response(_message_json(state, message, with_history=True))
+
+
+def _message_json(state: SandboxState, message: SandboxMessage, with_history: bool) -> dict[str, Any]:
+    """A message as the update log sees it: its updates and its card's, merged by arrival."""
+    targets = [message.message_id, *([message.card_id] if message.card_id else [])]
+    records = state.updates.records(targets)
+    found: dict[str, Any] = {
+        "message_id": message.message_id,
+        "card_id": message.card_id,
+        "chat_id": message.chat_id,
+        "parent_id": message.parent_id,
+        "versions": len(message.history),
+        "overlaps": overlaps(records),
+        "responses": {str(code): count for code, count in message.responses.items()},
+        "updates": [record.as_json() for record in records],
+        "card": message.card,
+    }
+    if with_history:
+        found["history"] = [{"sandbox_time": at, "card": card} for at, card in message.history]
+    return found
 
 
 # --- plumbing -------------------------------------------------------------------------------------
@@ -216,6 +303,7 @@ async def _admit(
     """Count the request, apply injected faults, check the bearer token."""
     state = request.app[STATE_KEY]
     state.requests[endpoint] += 1
+    state.updates.note_request(request.headers.get(INSTANCE_HEADER))
     transport = request.transport
     if transport is not None:
         state.note_connection(transport)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from feishu_progress.cards.validate import card_problems, element_count
 from feishu_progress.sandbox.faults import Faults
+from feishu_progress.sandbox.updates import UpdateLog
 
 if TYPE_CHECKING:
     from feishu_progress.sandbox.cardkit import CardKit, CardKitRecord
@@ -36,6 +37,7 @@ INVALID_PARAM = 230001  # unknown message id / bad request parameter
 FIELD_VALIDATION = 99992402
 MESSAGE_RATE_LIMITED = 230020
 GATEWAY_RATE_LIMITED = 99991400
+RATE_LIMIT_CODES = frozenset({MESSAGE_RATE_LIMITED, GATEWAY_RATE_LIMITED})  # CardKit's per-card limit too
 MESSAGE_EXPIRED = 230031
 MESSAGE_RECALLED = 230011
 MESSAGE_DELETED = 230110
@@ -189,6 +191,7 @@ class SandboxState:
         self._clock = clock
         self._origin = clock()
         self.faults = Faults(self.now)
+        self.updates = UpdateLog(clock)  # every card update request, for multi-instance tests
         self.messages: dict[str, SandboxMessage] = {}
         self.images: dict[str, bytes] = {}
         self.tokens: dict[str, float] = {}  # token -> expiry (sandbox time)
@@ -263,6 +266,7 @@ class SandboxState:
         self.connections = 0
         self._transports.clear()
         self.cardkit.counters.clear()
+        self.updates.by_instance.clear()
 
     def note_connection(self, transport: object) -> None:
         """Count a client connection the first time one of its requests arrives."""
@@ -521,6 +525,10 @@ class SandboxState:
         image_key = f"img_sandbox_{next(self._ids):06d}"
         self.images[image_key] = data
         return success({"image_key": image_key})
+
+    def rate_limited(self) -> int:
+        """How many answers were a rate limit (per message or card, or the app's gateway budget)."""
+        return sum(self.responses[code] for code in RATE_LIMIT_CODES)
 
     def record(self, answer: Answer, message_id: str | None = None) -> None:
         """Count the answer's code (globally and on the message) for inspection."""
