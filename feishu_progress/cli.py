@@ -1,4 +1,4 @@
-"""Command line: ``feishu-progress serve | migrate | demo``."""
+"""Command line: ``feishu-progress serve | migrate | demo | openapi``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="afterwards keep the sandbox and its preview page (/sandbox/) running until Ctrl-C",
     )
+    sub.add_parser(
+        "openapi",
+        help="print the runtime API's OpenAPI 3.1 document (the committed copy: > docs/openapi.json)",
+    )
     return parser
+
+
+def _openapi() -> int:
+    import sys
+
+    from feishu_progress.web.openapi import openapi_json
+
+    sys.stdout.write(openapi_json())
+    return 0
 
 
 def _settings() -> Settings:
@@ -79,6 +92,8 @@ def _migrate(settings: Settings, revision: str | None, down: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "openapi":  # needs no configuration: the contract is the same everywhere
+        return _openapi()
     settings = _settings()
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if args.command == "serve":
