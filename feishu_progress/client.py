@@ -332,8 +332,8 @@ class EventStream:
         self._max_buffered = max(1, min(max_buffered, MAX_EVENTS_PER_BATCH))
         self._pending: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()  # one batch in flight at a time: batches arrive in order
-        self._timer: asyncio.Task[None] | None = None
-        self._timer_sleeping = False
+        self._timer: asyncio.Task[None] | None = None  # while it sleeps: cancelled by an earlier flush
+        self._sending: set[asyncio.Task[None]] = set()  # timers past their sleep: never cancelled
         self._failure: Exception | None = None
 
     async def __aenter__(self) -> Self:
@@ -352,8 +352,7 @@ class EventStream:
             self._pending.append(item)
         if len(self._pending) >= self._max_buffered or item.get("type") == "finished":
             await self.flush()
-        elif self._timer is None or self._timer.done():
-            self._timer_sleeping = True
+        elif self._timer is None:  # a timer already sending took its batch before this event came
             self._timer = asyncio.create_task(self._flush_later(), name=f"fp-events-{self.session_id}")
 
     def _joined(self, item: dict[str, Any]) -> bool:
@@ -375,25 +374,29 @@ class EventStream:
         self._raise_failure()
 
     async def close(self) -> None:
-        """Flush, and wait for a batch the timer has on its way."""
+        """Flush, and wait for every batch a timer has on its way."""
         await self.flush()
-        if self._timer is not None:
-            await self._timer
-            self._raise_failure()
+        await asyncio.gather(*self._sending)
+        self._raise_failure()
 
     async def _flush_later(self) -> None:
         await self._client.clock.sleep(self._flush_after)
-        self._timer_sleeping = False  # from here a batch may be in flight: never cancelled
+        # From here a batch may be in flight: the task leaves ``_timer`` so no flush cancels it.
+        me = asyncio.current_task()
+        assert me is not None
+        self._timer = None
+        self._sending.add(me)
         try:
             await self._send_pending()
         except Exception as exc:  # kept for the caller's next call: nobody awaits this task
             self._failure = exc
+        finally:
+            self._sending.discard(me)
 
     def _stop_timer(self) -> None:
-        if self._timer is not None and self._timer_sleeping:
+        if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-            self._timer_sleeping = False
 
     async def _send_pending(self) -> None:
         async with self._lock:

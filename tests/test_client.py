@@ -71,6 +71,7 @@ class Service:
         self.url = f"http://{client.host}:{client.port}"
         self.services = services
         self.batches: list[list[dict[str, Any]]] = []
+        self.arrived = asyncio.Event()
 
     @property
     def service(self) -> TaskService:
@@ -81,11 +82,15 @@ class Service:
         assert self.services.sandbox is not None
         return self.services.sandbox
 
-    def record_batches(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def record_batches(self, monkeypatch: pytest.MonkeyPatch, hold: asyncio.Event | None = None) -> None:
+        """Write down each batch the service is handed; with ``hold``, answer only once it is set."""
         applied = self.service.apply_events
 
         async def recording(session_id: int, batch: ev.EventBatch) -> int:
             self.batches.append([event.model_dump(by_alias=True) for event in batch.events])
+            self.arrived.set()
+            if hold is not None:
+                await hold.wait()
             return await applied(session_id, batch)
 
         monkeypatch.setattr(self.service, "apply_events", recording)
@@ -255,6 +260,25 @@ async def test_the_event_stream_coalesces_deltas_and_flushes_on_its_timer(
             await events.add({"type": "content_delta", "text": " Done."})
         assert app.batches[-1] == [{"type": "content_delta", "text": " Done."}]  # the block's end flushed it
     assert app.content(task.session_id) == "Hello, world! Done."
+
+
+async def test_an_event_added_while_a_batch_is_on_its_way_gets_a_timer_of_its_own(
+    app: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, answer = FakeClock(), asyncio.Event()
+    app.record_batches(monkeypatch, hold=answer)
+    async with _client(app, clock=clock) as fp:
+        task = await fp.create_task(**TASK)
+        async with fp.event_stream(task.session_id, flush_after=0.25) as events:
+            await events.add({"type": "round_finished", "round": 1})
+            await clock.advance(0.25)
+            await asyncio.wait_for(app.arrived.wait(), 10)  # the timer's batch is at the service, unanswered
+            await events.add({"type": "round_finished", "round": 2})
+            await clock.settle()
+            assert clock.sleepers == 1  # the later event is not left waiting for a flush nobody makes
+            answer.set()
+            await clock.advance(0.25)
+    assert app.batches == [[{"type": "round_finished", "round": 1}], [{"type": "round_finished", "round": 2}]]
 
 
 async def test_the_event_stream_flushes_when_full_and_on_finished(
