@@ -51,6 +51,7 @@ from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.runtime.snapshots import SnapshotStore
 from feishu_progress.services import SERVICES, Services
+from feishu_progress.subagents.attach import agent_tables, open_agent_database
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.waiting import Stopper
@@ -215,6 +216,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _start(services: Services, stack: AsyncExitStack) -> None:
     feishu_settings = await _feishu_settings(services, stack)
     db = await _open_database(services, stack)
+    _open_agent_database(services, stack)
     client = await FeishuClient.open(feishu_settings, clock=services.clock)
     stack.push_async_callback(client.close)
     services.client = client
@@ -243,13 +245,35 @@ async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
     return db
 
 
+def _open_agent_database(services: Services, stack: AsyncExitStack) -> None:
+    """Attach mode: the agent's own database, read-only, for the running-subagent query."""
+    url = services.settings.subagents.database_url
+    if url is None:
+        return
+    agent_db = open_agent_database(url)
+    stack.push_async_callback(agent_db.close)
+    services.agent_db = agent_db
+    log.info(
+        "attach mode: running subagents are read (read-only) from %s",
+        agent_db.url.render_as_string(hide_password=True),
+    )
+
+
+def _subagent_manager(services: Services, db: Database) -> SubagentManager:
+    if services.agent_db is None:
+        return SubagentManager(db)
+    names = services.settings.subagents
+    tables = agent_tables(names.execution_table, names.session_table)
+    return SubagentManager(services.agent_db, tables, forget_unlisted=True)
+
+
 def _build_service(
     services: Services, db: Database, client: FeishuClient, fetcher: ImageFetcher
 ) -> TaskService:
     """The runtime rooms, wired (docs/architecture.md shows the picture)."""
     settings, clock, metrics = services.settings, services.clock, services.metrics
     tasks = TaskRepository(db)
-    manager = SubagentManager(db)
+    manager = _subagent_manager(services, db)
     snapshots = SnapshotStore(tasks, clock)
     scheduler = DeliveryScheduler(
         FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
@@ -271,7 +295,8 @@ def _build_service(
         registry=registry,
         creator=TaskCreator(settings=settings, repo=tasks, sender=client, registry=registry, clock=clock),
         applier=EventApplier(
-            subagent_rows=SubagentRepository(db),
+            # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
+            subagent_rows=None if services.agent_db is not None else SubagentRepository(db),
             manager=manager,
             images=images,
             snapshots=snapshots,

@@ -156,6 +156,29 @@ class ImagesSettings(BaseModel):
         return value
 
 
+# A bare SQL identifier: the names are quoted by SQLAlchemy, this only keeps typos and dotted names out.
+TABLE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class SubagentsSettings(BaseModel):
+    """Attach mode: the running-subagent query reads the agent's own database (read-only) instead of ours.
+
+    Unset: subagent_* events are stored in our copy of the seed's tables, as before.
+    """
+
+    # MySQL/MariaDB or SQLite SQLAlchemy async URL; give it a user with SELECT only.
+    database_url: str | None = None
+    execution_table: str = Field(default="subagent_execution", pattern=TABLE_NAME_PATTERN)
+    session_table: str = Field(default="session", pattern=TABLE_NAME_PATTERN)
+
+    _blank = field_validator("database_url", mode="before")(_blank_is_unset)
+
+    @property
+    def attached(self) -> bool:
+        """True when the agent's database holds the subagent rows."""
+        return self.database_url is not None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FP_",
@@ -174,6 +197,7 @@ class Settings(BaseSettings):
     task: TaskSettings = TaskSettings()
     callback: CallbackSettings = CallbackSettings()
     images: ImagesSettings = ImagesSettings()
+    subagents: SubagentsSettings = SubagentsSettings()
     log_json: bool = False
     log_level: str = "INFO"
 

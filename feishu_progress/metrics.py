@@ -46,6 +46,17 @@ class Metrics:
             buckets=_STALENESS_BUCKETS,
             registry=self.registry,
         )
+        self.breaker_open = Gauge(
+            "fp_breaker_open",
+            "1 while the app-wide outage breaker is open (Feishu failing for every card: probing only).",
+            registry=self.registry,
+        )
+        self.breaker_transitions = Counter(
+            "fp_breaker_transitions_total",
+            "Outage breaker openings and closings.",
+            ["to"],
+            registry=self.registry,
+        )
         self.live_cards = Gauge(
             "fp_live_cards",
             "Live cards currently registered.",

@@ -19,6 +19,8 @@ def admin_deps(services: Services) -> AdminDeps:
         "feishu_token": lambda: _feishu_token(services),
         "scheduler": lambda: _scheduler(services),
     }
+    if services.settings.subagents.attached:
+        checks["subagents_database"] = lambda: _agent_database(services)
     if services.settings.feishu.mode == "ws":
         checks["long_connection"] = lambda: _long_connection(services)
     return AdminDeps(
@@ -26,7 +28,16 @@ def admin_deps(services: Services) -> AdminDeps:
         checks=checks,
         cards=lambda: live_cards(services),
         token=services.settings.admin.token,
+        degradations={"feishu": lambda: _feishu_outage(services)},
     )
+
+
+def _feishu_outage(services: Services) -> str | None:
+    scheduler = services.scheduler
+    if scheduler is None or scheduler.breaker.opened_at is None:
+        return None
+    down = services.clock.monotonic() - scheduler.breaker.opened_at
+    return f"outage breaker open for {down:.0f} s: Feishu fails for every card, probing every 2 s"
 
 
 async def _database(services: Services) -> str | None:
@@ -38,6 +49,14 @@ async def _database(services: Services) -> str | None:
     return (
         None if current == head else f"migrations at {current}, head is {head}: run feishu-progress migrate"
     )
+
+
+async def _agent_database(services: Services) -> str | None:
+    """Attach mode: the agent's database answers (a failure only hides the subagent section)."""
+    if services.agent_db is None:
+        return "agent database not opened"
+    await asyncio.wait_for(services.agent_db.ping(), DATABASE_PING_SECONDS)
+    return None
 
 
 async def _feishu_token(services: Services) -> str | None:

@@ -35,6 +35,7 @@ class Services:
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     stopper: Stopper | None = None
     db: Database | None = None
+    agent_db: Database | None = None  # only in attach mode (FP_SUBAGENTS__DATABASE_URL), read-only
     client: FeishuClient | None = None
     scheduler: DeliveryScheduler | None = None
     service: TaskService | None = None

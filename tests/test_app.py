@@ -395,3 +395,29 @@ async def test_the_runtime_hands_over_image_bytes_and_a_tool_result_names_the_re
     card = (await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json())["card"]
     assert uploaded["image_key"] in json.dumps(card)
     assert message_id in sandbox.state.messages
+
+
+async def test_readyz_says_degraded_but_stays_ready_while_feishu_is_down_for_every_card(
+    client: TestClient[Any, Any], sandbox: RunningSandbox
+) -> None:
+    sessions = [(await _create(client))[0] for _ in range(6)]
+    sandbox.state.faults.fail(1.0, status=503, endpoints=("patch",))
+    for session_id in sessions:
+        await _events(client, session_id, {"type": "content", "text": "working"})
+    admin_url = client.server.app[SERVICES].admin_url
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):  # the six failures land within a second
+            async with http.get(f"{admin_url}/readyz") as response:
+                body = await response.json()
+            if body["status"] == "degraded":
+                break
+            await asyncio.sleep(0.05)
+        assert response.status == 200 and "outage breaker open" in body["degraded"]["feishu"]
+        sandbox.state.faults.clear()
+        for _ in range(100):  # the next probe (2 s) closes it
+            async with http.get(f"{admin_url}/readyz") as response:
+                body = await response.json()
+            if body["status"] == "ready":
+                break
+            await asyncio.sleep(0.05)
+    assert body["status"] == "ready"

@@ -12,6 +12,7 @@ import pytest
 from feishu_progress.config import RateSettings
 from feishu_progress.domain import TaskStatus
 from feishu_progress.ports import OutcomeKind, PatchOutcome
+from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import LiveCard
 from feishu_progress.progress.scheduler import BackoffPolicy
 from tests.test_scheduler_fakes import Harness, PatchRecord, finish, outcome, push
@@ -194,8 +195,9 @@ async def test_pause_app_pauses_every_card() -> None:
 
 
 async def test_backoff_is_bounded_jittered_and_gives_up_with_a_log(caplog: pytest.LogCaptureFixture) -> None:
-    policy = BackoffPolicy(base_seconds=0.5, max_seconds=4.0, max_attempts=8, terminal_max_attempts=12)
-    async with Harness(backoff=policy) as h:
+    # One card failing while the app as a whole is fine: its own backoff, not the outage breaker.
+    policy = BackoffPolicy(base_seconds=0.5, max_seconds=4.0, max_attempts=8)
+    async with Harness(backoff=policy, breaker=OutageBreaker(threshold=1000)) as h:
         card = h.card()
         h.sink.always["om_1"] = outcome(OutcomeKind.BACKOFF, reason="HTTP 502")
         with caplog.at_level(logging.WARNING):
@@ -219,14 +221,14 @@ async def test_backoff_is_bounded_jittered_and_gives_up_with_a_log(caplog: pytes
         assert h.sink.records[-1].outcome == PatchOutcome.delivered()
 
 
-async def test_a_terminal_state_gets_more_patience_than_progress() -> None:
-    policy = BackoffPolicy(base_seconds=0.5, max_seconds=2.0, max_attempts=3, terminal_max_attempts=10)
-    async with Harness(backoff=policy) as h:
+async def test_a_final_state_never_gives_up_while_progress_does() -> None:
+    policy = BackoffPolicy(base_seconds=0.5, max_seconds=2.0, max_attempts=3)
+    async with Harness(backoff=policy, breaker=OutageBreaker(threshold=1000)) as h:
         card = h.card()
-        h.sink.answer("om_1", *[outcome(OutcomeKind.BACKOFF)] * 6)
+        h.sink.answer("om_1", *[outcome(OutcomeKind.BACKOFF)] * 30)
         finish(card, TaskStatus.COMPLETED, h.clock)
-        await h.clock.advance(60.0)
-        assert len(h.sink.records) == 7
+        await h.clock.advance(120.0)
+        assert len(h.sink.records) == 31
         assert h.sink.records[-1].outcome == PatchOutcome.delivered()
         assert h.sink.records[-1].card["status"] == "COMPLETED"
 
@@ -387,3 +389,34 @@ def test_a_budget_slot_frees_one_window_after_the_request_ended_not_started() ->
     window.settle(0.4)
     assert window.next_free(1.0) == 1.3
     assert window.next_free(1.3) == 1.3  # the first slot is free again; the second frees at 1.4
+
+
+# -- the app-wide outage breaker ---------------------------------------------------------------------
+
+
+async def test_an_outage_for_every_card_opens_the_breaker_probes_slowly_and_recovers_all_at_once() -> None:
+    async with Harness() as h:
+        cards = [h.card(f"om_{n}") for n in range(8)]
+        for message_id in (card.message_id for card in cards):
+            h.sink.always[message_id] = outcome(OutcomeKind.BACKOFF, reason="HTTP 503")
+        for card in cards:
+            step(card, 1)
+        await h.clock.advance(2.0)
+        assert h.scheduler.breaker.is_open
+        assert h.metrics.value("fp_breaker_open") == 1
+        opened_at = h.clock.monotonic()
+        for card in cards:
+            finish(card, TaskStatus.COMPLETED, h.clock)
+        await h.clock.advance(20.0)
+        during = [r.started for r in h.sink.records if r.started >= opened_at]
+        assert len(during) <= 20 / 2 + 1  # one probe at a time, at most one per 2 s
+        assert all(b - a >= 2.0 - EPS for a, b in itertools.pairwise(during))
+        h.sink.always.clear()  # Feishu answers again
+        back = h.clock.monotonic()
+        await h.clock.advance(5.0)
+        assert not h.scheduler.breaker.is_open and h.metrics.value("fp_breaker_open") == 0
+        for card in cards:
+            last = h.sink.of(card.message_id)[-1]
+            assert last.card["status"] == "COMPLETED" and last.outcome == PatchOutcome.delivered()
+            assert last.started <= back + 2.0 + 1.0  # the next probe, then everyone at once
+        assert h.metrics.value("fp_delivery_give_ups_total", {"reason": "attempts_exhausted"}) == 0

@@ -15,6 +15,7 @@ from feishu_progress.config import RateSettings
 from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, OutcomeKind, PatchOutcome
+from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.progress.scheduler import BackoffPolicy, Deliverable, DeliveryScheduler
 from tests.fakes import FakeClock
@@ -138,6 +139,7 @@ class Harness:
         delay: float = 0.0,
         rate: RateSettings | None = None,
         backoff: BackoffPolicy | None = None,
+        breaker: OutageBreaker | None = None,
     ) -> None:
         self.clock = FakeClock(start=1000.0)
         self.sink = FakeSink(self.clock, delay)
@@ -152,6 +154,7 @@ class Harness:
             backoff=backoff,
             rng=random.Random(7),
             listener=self,
+            breaker=breaker,
         )
         self.finals: list[str] = []
 

@@ -100,18 +100,19 @@ class AppBudget:
         """Monotonic time until which no PATCH may start (``-inf`` when not paused)."""
         return self._paused_until
 
-    def next_available(self, now: float) -> float:
-        """The earliest time one more PATCH may start."""
-        return max(
-            self._paused_until,
-            self._second.next_free(now),
-            self._minute.next_free(now),
-            self._spread.next_free(now),
-        )
+    def next_available(self, now: float, *, urgent: bool = False) -> float:
+        """The earliest time one more PATCH may start.
 
-    def try_take(self, now: float) -> bool:
+        An urgent one (a final state, a click) is held only by the hard windows, not by the smoothing
+        bucket: it borrows from the bucket (which may go below zero), and ordinary updates repay it.
+        That is what lets 100 finals go out within two seconds after an outage.
+        """
+        hard = max(self._paused_until, self._second.next_free(now), self._minute.next_free(now))
+        return hard if urgent else max(hard, self._spread.next_free(now))
+
+    def try_take(self, now: float, *, urgent: bool = False) -> bool:
         """Count one PATCH start at ``now`` if the budget allows it."""
-        if self.next_available(now) > now:
+        if self.next_available(now, urgent=urgent) > now:
             return False
         self._second.record(now)
         self._minute.record(now)

@@ -27,6 +27,7 @@ from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
+from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.rate_budget import AppBudget
 from feishu_progress.waiting import event_or_timeout
 
@@ -80,16 +81,15 @@ class BackoffPolicy:
     base_seconds: float = 0.5
     max_seconds: float = 30.0
     max_attempts: int = 8
-    terminal_max_attempts: int = 20
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (attempt counts from 1)."""
         ceiling: float = min(self.max_seconds, self.base_seconds * 2.0 ** (attempt - 1))
         return ceiling * rng.uniform(0.5, 1.0)
 
-    def attempts_for(self, terminal: bool) -> int:
-        """How many failed attempts a state gets before the scheduler gives up on it."""
-        return self.terminal_max_attempts if terminal else self.max_attempts
+    def attempts_for(self, terminal: bool) -> float:
+        """How many failed attempts a state gets: a final state never gives up while the process lives."""
+        return math.inf if terminal else self.max_attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,7 @@ class _Slot:
     next_start: float = -math.inf
     failures: int = 0
     degraded: bool = False
+    probe: bool = False  # this flight is the outage breaker's probe
 
     @property
     def has_news(self) -> bool:
@@ -150,6 +151,7 @@ class DeliveryScheduler:
         rng: random.Random | None = None,
         listener: DeliveryListener | None = None,
         default_pause_seconds: float = 1.0,
+        breaker: OutageBreaker | None = None,
     ) -> None:
         rate = rate if rate is not None else RateSettings()
         self._sink = sink
@@ -163,6 +165,7 @@ class DeliveryScheduler:
         self._default_pause = default_pause_seconds
         self._slots: dict[str, _Slot] = {}
         self._flights = BackgroundTasks()
+        self.breaker = breaker if breaker is not None else OutageBreaker()
         self._events = _Events()
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -251,7 +254,9 @@ class DeliveryScheduler:
 
     def _launch_ready(self, now: float) -> float | None:
         """Start the best ready cards the budget allows; return when to look again (None: on a wake)."""
-        budget_at = self._budget.next_available(now)
+        if self.breaker.is_open:
+            return self._launch_probe(now)
+        budget_at = self._budget.next_available(now, urgent=True)  # the most any card may get
         if budget_at > now and self._slots:
             # The budget is spent: no card can start before budget_at, so there is no point looking at
             # every card now. This keeps a pass O(1) while thousands of cards wait their turn.
@@ -273,14 +278,32 @@ class DeliveryScheduler:
         self._metrics.pending_cards.set(pending)
         heapq.heapify(ready)  # O(n); only as many pops as the budget allows launches
         while ready:
-            if not self._budget.try_take(now):
-                earliest = now  # more are ready: the budget decides when
+            urgent = ready[0][0][0] == 0  # terminal or urgent: first in the heap
+            if not self._budget.try_take(now, urgent=urgent):
+                # More are ready: the budget decides when the best of them may go.
+                earliest = self._budget.next_available(now, urgent=urgent)
                 break
             self._launch(heapq.heappop(ready)[2], now)
         if math.isinf(earliest):
             return None
-        wake_at = max(earliest, self._budget.next_available(now))
+        wake_at = max(earliest, self._budget.next_available(now, urgent=True))
         return None if math.isinf(wake_at) else wake_at
+
+    def _launch_probe(self, now: float) -> float | None:
+        """Feishu is down for the whole app: one flight at a time, the most deserving card, as the probe."""
+        if self.breaker.probing:
+            return None  # its end wakes the dispatcher
+        waiting = [s for s in self._slots.values() if s.has_news and not s.in_flight]
+        if not waiting:
+            return None
+        probe_at = max(self.breaker.next_probe, self._budget.next_available(now, urgent=True))
+        if probe_at > now or not self._budget.try_take(now, urgent=True):
+            return probe_at
+        slot = min(waiting, key=lambda s: s.priority())
+        self.breaker.probe_started(now)
+        slot.probe = True
+        self._launch(slot, now)
+        return None
 
     def _launch(self, slot: _Slot, now: float) -> None:
         slot.in_flight = True
@@ -321,12 +344,42 @@ class DeliveryScheduler:
                 self._cancelled(slot)
                 raise
         slot.in_flight = False
-        self._handle(slot, delivery, outcome, self._clock.monotonic())
+        now = self._clock.monotonic()
+        self._breaker_sees(slot, outcome, now)
+        self._handle(slot, delivery, outcome, now)
         self._events.wake.set()
         self._events.progress.set()
 
+    def _breaker_sees(self, slot: _Slot, outcome: PatchOutcome, now: float) -> None:
+        if slot.probe:
+            slot.probe = False
+            self.breaker.probe_ended()
+        if outcome.kind is not OutcomeKind.BACKOFF:
+            if self.breaker.answered():
+                self._outage_over(now)
+        elif self.breaker.failure(now):
+            log.error(
+                "Feishu is failing for every card: outage breaker open, probing every %.0f s",
+                self.breaker.probe_interval,
+            )
+            self._metrics.breaker_open.set(1)
+            self._metrics.breaker_transitions.labels(to="open").inc()
+
+    def _outage_over(self, now: float) -> None:
+        """Every waiting card's newest state goes out at once (within the budget), its failures forgiven."""
+        log.warning("Feishu answers again: outage breaker closed, sending every waiting card")
+        self._metrics.breaker_open.set(0)
+        self._metrics.breaker_transitions.labels(to="closed").inc()
+        for slot in self._slots.values():
+            slot.failures = 0
+            if slot.has_news:
+                slot.next_start = min(slot.next_start, now)
+
     def _cancelled(self, slot: _Slot) -> None:
         """``stop`` cut the flight short: its state counts as undelivered if the scheduler starts again."""
+        if slot.probe:
+            slot.probe = False
+            self.breaker.probe_ended()
         slot.in_flight = False
         self._restore_flight(slot)
 
@@ -353,6 +406,8 @@ class DeliveryScheduler:
             self._budget.pause_until(now + pause)
             log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)
             self._retry(slot, outcome, pause, now)
+        elif kind is OutcomeKind.BACKOFF and self.breaker.is_open:
+            self._restore_flight(slot)  # it waits for the breaker; an outage costs no attempt
         elif kind is OutcomeKind.BACKOFF:
             self._retry(slot, outcome, self._backoff.delay(slot.failures + 1, self._rng), now)
         elif kind is OutcomeKind.STOP:
@@ -390,12 +445,12 @@ class DeliveryScheduler:
         self._restore_flight(slot)
         slot.next_start = max(slot.next_start, now + delay)
 
-    def _give_up(self, slot: _Slot, outcome: PatchOutcome, attempts: int) -> None:
+    def _give_up(self, slot: _Slot, outcome: PatchOutcome, attempts: float) -> None:
         message_id = slot.card.message_id
         level = logging.ERROR if slot.card.is_terminal else logging.WARNING
         log.log(
             level,
-            "giving up on version %d of message %s after %d attempts: %s %s",
+            "giving up on version %d of message %s after %.0f attempts: %s %s",
             slot.flight_version,
             message_id,
             attempts,

@@ -4,6 +4,11 @@ A batch is checked whole against the task's state before anything is applied (a 
 nothing), then applied in order under the task's lock. Subagent events are stored as rows the
 running-subagents query reads (seed 002 §4.1); failing to store one degrades the subagent section and
 is logged, it never fails the batch.
+
+Attach mode (``FP_SUBAGENTS__DATABASE_URL``, no ``subagent_rows``): the agent's own database already has
+the rows and is what the card shows, so nothing is written. There the runtime sends the execution's
+``id`` in that database as ``task_id``: ``subagent_round`` overlays that execution's live round,
+``subagent_finished`` drops the overlay, and every subagent event tells the card to reload its list.
 """
 
 from __future__ import annotations
@@ -24,13 +29,23 @@ from feishu_progress.subagents.manager import SubagentManager
 log = logging.getLogger(__name__)
 
 SubagentEvent = ev.SubagentRoundEvent | ev.SubagentStatusEvent | ev.SubagentFinishedEvent
+AnySubagentEvent = ev.SubagentStartedEvent | SubagentEvent
+MAX_EXECUTION_ID_DIGITS = 19  # a signed BIGINT
+
+
+def attached_execution_id(task_id: str) -> int | None:
+    """The agent database's execution id a runtime sent as ``task_id`` (attach mode); None if not one."""
+    if not task_id.isascii() or not task_id.isdigit() or len(task_id) > MAX_EXECUTION_ID_DIGITS:
+        return None
+    value = int(task_id)
+    return value if 0 < value < 2**63 else None
 
 
 class EventApplier:
     def __init__(
         self,
         *,
-        subagent_rows: SubagentRepository,
+        subagent_rows: SubagentRepository | None,
         manager: SubagentManager,
         images: ImageKeys,
         snapshots: SnapshotStore,
@@ -62,10 +77,13 @@ class EventApplier:
         return len(batch.events)
 
     async def _apply_one(self, task: Task, event: ev.Event) -> None:
-        if isinstance(event, ev.SubagentStartedEvent):
-            await self._stored(task, self._subagent_started(task, event))
-        elif isinstance(event, SubagentEvent):
-            await self._stored(task, self._subagent_changed(task, event))
+        if isinstance(event, AnySubagentEvent):
+            if self._rows is None:
+                self._attached_subagent_event(task, event)
+            elif isinstance(event, ev.SubagentStartedEvent):
+                await self._stored(task, self._subagent_started(self._rows, task, event))
+            else:
+                await self._stored(task, self._subagent_changed(self._rows, task, event))
         else:
             task.state.apply(event)
             if isinstance(event, ev.ToolFinishedEvent):
@@ -91,9 +109,28 @@ class EventApplier:
                 "subagent event of session %s could not be stored: %s", task.session_id, type(exc).__name__
             )
 
-    async def _subagent_started(self, task: Task, event: ev.SubagentStartedEvent) -> None:
+    def _attached_subagent_event(self, task: Task, event: AnySubagentEvent) -> None:
+        # subagent_started only reloads: tracking it would show round 0 over the row's total_rounds.
+        if isinstance(event, ev.SubagentRoundEvent | ev.SubagentFinishedEvent):
+            execution_id = attached_execution_id(event.task_id)
+            if execution_id is None:
+                log.warning(
+                    "subagent event of session %s: task_id %r is not an execution id of the agent's database",
+                    task.session_id,
+                    event.task_id,
+                )
+            elif isinstance(event, ev.SubagentRoundEvent):
+                self._manager.track(execution_id, task.session_id)
+                self._manager.set_round(execution_id, event.round)
+            else:
+                self._manager.untrack(execution_id)
+        task.card.subagents_changed()
+
+    async def _subagent_started(
+        self, rows: SubagentRepository, task: Task, event: ev.SubagentStartedEvent
+    ) -> None:
         parent = task.session_id
-        execution_id = await self._rows.start(
+        execution_id = await rows.start(
             parent_session_id=parent,
             task_ref=event.task_id,
             child_external_id=event.child_session_id,
@@ -107,25 +144,26 @@ class EventApplier:
         self._manager.track(execution_id, parent)
         task.card.subagents_changed()
 
-    async def _subagent_changed(self, task: Task, event: SubagentEvent) -> None:
-        execution_id = await self._execution_id(task, event.task_id)
+    async def _subagent_changed(self, rows: SubagentRepository, task: Task, event: SubagentEvent) -> None:
+        execution_id = await _execution_id(rows, task, event.task_id)
         if execution_id is None:
             log.warning("subagent event for unknown task_id %r of session %s", event.task_id, task.session_id)
             return
         if isinstance(event, ev.SubagentRoundEvent):
             self._manager.set_round(execution_id, event.round)
         elif isinstance(event, ev.SubagentStatusEvent):
-            await self._rows.set_status(execution_id, event.status)
+            await rows.set_status(execution_id, event.status)
         else:
             now = utc_datetime(self._clock.wall())
-            await self._rows.finish(execution_id, event.status, event.total_rounds, now)
+            await rows.finish(execution_id, event.status, event.total_rounds, now)
             self._manager.untrack(execution_id)
         task.card.subagents_changed()
 
-    async def _execution_id(self, task: Task, task_ref: str) -> int | None:
-        if task_ref in task.subagent_ids:
-            return task.subagent_ids[task_ref]
-        found = await self._rows.find(task.session_id, task_ref)
-        if found is not None:
-            task.subagent_ids[task_ref] = found
-        return found
+
+async def _execution_id(rows: SubagentRepository, task: Task, task_ref: str) -> int | None:
+    if task_ref in task.subagent_ids:
+        return task.subagent_ids[task_ref]
+    found = await rows.find(task.session_id, task_ref)
+    if found is not None:
+        task.subagent_ids[task_ref] = found
+    return found

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 
 from feishu_progress.db.engine import Database
 from feishu_progress.domain import SubagentSummary
-from feishu_progress.subagents.query import RunningSubagentRow, list_running_by_parents
+from feishu_progress.subagents.query import (
+    OWN_TABLES,
+    RunningSubagentRow,
+    SubagentTables,
+    list_running_by_parents,
+)
 from feishu_progress.subagents.titles import running_subagent_title
 
 logger = logging.getLogger(__name__)
@@ -27,10 +32,18 @@ class SubagentManager:
     an execution its in-memory round wins; after a restart the row's value is all there is
     (seed 002 §5.4). A failing query raises: the live card is the one layer that degrades (§5.1).
     The seed's warning is logged once when the query starts failing, and once when it recovers.
+
+    Attach mode (``subagents/attach.py``) passes the agent's database and tables, and
+    ``forget_unlisted=True``: there no finish event is owed to us, so a tracked execution the query no
+    longer lists under its parent has ended and its round is dropped (a later round event tracks it again).
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(
+        self, db: Database, tables: SubagentTables = OWN_TABLES, *, forget_unlisted: bool = False
+    ) -> None:
         self._db = db
+        self._tables = tables
+        self._forget_unlisted = forget_unlisted
         self._running: dict[int, _RunningRef] = {}
         self._failing = False
 
@@ -71,7 +84,7 @@ class SubagentManager:
         """The same for many parents in one query; raises when the query fails."""
         parents = list(dict.fromkeys(parent_session_ids))
         try:
-            grouped = await list_running_by_parents(self._db, parents)
+            grouped = await list_running_by_parents(self._db, parents, self._tables)
         except Exception as exc:
             if not self._failing:
                 logger.warning("Failed to list running subagents: %s", type(exc).__name__)
@@ -80,4 +93,12 @@ class SubagentManager:
         if self._failing:
             logger.info("listing running subagents works again")
             self._failing = False
+        if self._forget_unlisted:
+            self._forget_ended(grouped)
         return {parent: [self._summary(row) for row in rows] for parent, rows in grouped.items()}
+
+    def _forget_ended(self, grouped: dict[int, list[RunningSubagentRow]]) -> None:
+        listed = {row.id for rows in grouped.values() for row in rows}
+        for execution_id, ref in list(self._running.items()):
+            if ref.parent_session_id in grouped and execution_id not in listed:
+                del self._running[execution_id]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -18,12 +18,17 @@ log = logging.getLogger(__name__)
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 
+# A degradation says what works less well than it should without making the instance unready.
+Degradation = Callable[[], str | None]
+
+
 @dataclass
 class AdminDeps:
     registry: CollectorRegistry
     checks: dict[str, ReadinessCheck]
     cards: Callable[[], list[dict[str, object]]]
     token: SecretStr | None
+    degradations: dict[str, Degradation] = field(default_factory=dict)
 
 
 class AdminApi:
@@ -56,9 +61,18 @@ class AdminApi:
                 problem = f"{type(exc).__name__}: {exc}"[:200]
             if problem:
                 reasons[name] = problem
+        degraded = {name: note for name, check in self.deps.degradations.items() if (note := check())}
         if reasons:
-            return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
-        return web.json_response({"status": "ready", "checks": sorted(self.deps.checks)})
+            return web.json_response(
+                {"status": "not ready", "reasons": reasons, "degraded": degraded}, status=503
+            )
+        body: dict[str, object] = {
+            "status": "degraded" if degraded else "ready",
+            "checks": sorted(self.deps.checks),
+        }
+        if degraded:
+            body["degraded"] = degraded
+        return web.json_response(body)
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.deps.registry)
