@@ -59,6 +59,7 @@ from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
 from feishu_progress.web.http import bearer_auth, json_errors
+from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
     from feishu_progress.sandbox.server import RunningSandbox
@@ -131,7 +132,13 @@ def create_app(
     services = Services(settings=settings, clock=clock or SystemClock(), metrics=Metrics(registry))
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, 8 * 1024 * 1024),
-        middlewares=[json_errors, bearer_auth(settings.api.token, prefix="/v1/", name="FP_API__TOKEN")],
+        middlewares=[
+            json_errors,
+            # The contract is not a secret: a client generator reads it before it has a token.
+            bearer_auth(
+                settings.api.token, prefix="/v1/", name="FP_API__TOKEN", open_paths=frozenset({OPENAPI_PATH})
+            ),
+        ],
     )
     app[SERVICES] = services
     services.pipeline = CallbackPipeline(
@@ -151,6 +158,7 @@ def create_app(
             )
         )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
+    app.router.add_routes(openapi_routes())
     if settings.feishu.sandbox or sandbox is not None:
         _mount_preview(app, services, sandbox)
     app.cleanup_ctx.append(_lifecycle)

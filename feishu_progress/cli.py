@@ -1,4 +1,4 @@
-"""Command line: ``feishu-progress serve | migrate | demo | sandbox``."""
+"""Command line: ``feishu-progress serve | migrate | demo | sandbox | openapi``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--serve",
         action="store_true",
         help="afterwards keep the sandbox and its preview page (/sandbox/) running until Ctrl-C",
+    )
+    sub.add_parser(
+        "openapi",
+        help="print the runtime API's OpenAPI 3.1 document (the committed copy: > docs/openapi.json)",
     )
     _add_sandbox_parser(sub)
     return parser
@@ -71,6 +75,15 @@ def _sandbox(args: argparse.Namespace) -> int:
         app_per_minute=args.app_per_minute,
     )
     return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
+
+
+def _openapi() -> int:
+    import sys
+
+    from feishu_progress.web.openapi import openapi_json
+
+    sys.stdout.write(openapi_json())
+    return 0
 
 
 def _settings() -> Settings:
@@ -122,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sandbox":  # Feishu's stand-in: none of the service's FP_ settings apply to it
         configure_logging("WARNING")
         return _sandbox(args)
+    if args.command == "openapi":  # needs no configuration: the contract is the same everywhere
+        return _openapi()
     settings = _settings()
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if args.command == "serve":

@@ -2,7 +2,8 @@
 
 Everything is real but Feishu: the service runs with SQLite, talks HTTP to an in-process sandbox that
 enforces Feishu's limits, and the script drives it the way an agent runtime and a user would — events
-through the runtime API, clicks as encrypted, signed ``card.action.trigger`` callbacks.
+through the runtime API (with the Python client, ``feishu_progress.client``), clicks as encrypted, signed
+``card.action.trigger`` callbacks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from aiohttp import web
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.cards.plaintext import card_as_text
 from feishu_progress.cards.validate import card_bytes, element_count
+from feishu_progress.client import FeishuProgressClient
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -33,6 +35,7 @@ from feishu_progress.config import (
     ImagesSettings,
     Settings,
 )
+from feishu_progress.runtime.responses import AnswersAction, UserAction
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -105,9 +108,15 @@ class DemoRun:
     """The script's moves: runtime events, user clicks, and what the card looks like after each."""
 
     def __init__(
-        self, http: aiohttp.ClientSession, base_url: str, sandbox: RunningSandbox, out: Print
+        self,
+        fp: FeishuProgressClient,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        sandbox: RunningSandbox,
+        out: Print,
     ) -> None:
-        self.http = http
+        self.fp = fp  # the runtime's side
+        self.http = http  # Feishu's side: the clicks
         self.base_url = base_url
         self.sandbox = sandbox
         self.out = out
@@ -118,24 +127,13 @@ class DemoRun:
         self.step_no = 0
 
     async def create_task(self, title: str) -> None:
-        body = {
-            "receive_id": CHAT,
-            "receive_id_type": "chat_id",
-            "requester_open_id": REQUESTER,
-            "title": title,
-        }
-        async with self.http.post(f"{self.base_url}/v1/tasks", json=body) as response:
-            data = await response.json()
-            if response.status != 201:
-                raise RuntimeError(f"POST /v1/tasks answered {response.status}: {data}")
-        self.session_id, self.message_id = data["session_id"], data["message_id"]
+        created = await self.fp.create_task(
+            receive_id=CHAT, receive_id_type="chat_id", requester_open_id=REQUESTER, title=title
+        )
+        self.session_id, self.message_id = created.session_id, created.message_id
 
     async def send(self, *events: Mapping[str, Any]) -> None:
-        url = f"{self.base_url}/v1/tasks/{self.session_id}/events"
-        async with self.http.post(url, json={"events": list(events)}) as response:
-            if response.status != 202:
-                raise RuntimeError(f"events answered {response.status}: {await response.text()}")
-        self.events_sent += len(events)
+        self.events_sent += await self.fp.post_events(self.session_id, events)
 
     async def click(
         self, operator: str, value: Mapping[str, Any], form: Mapping[str, Any] | None = None
@@ -155,13 +153,10 @@ class DemoRun:
         toast = reply.get("toast", {})
         return f"{toast.get('type', '-')}: {toast.get('content', '')}"
 
-    async def actions(self, wait: float = 5.0) -> list[dict[str, Any]]:
-        url = f"{self.base_url}/v1/tasks/{self.session_id}/actions"
-        async with self.http.get(url, params={"after": str(self.cursor), "wait": str(wait)}) as response:
-            data = await response.json()
-        self.cursor = data["cursor"]
-        actions: list[dict[str, Any]] = data["actions"]
-        return actions
+    async def actions(self, wait: float = 5.0) -> list[UserAction]:
+        page = await self.fp.poll_actions(self.session_id, after=self.cursor, wait=wait)
+        self.cursor = page.cursor
+        return page.actions
 
     async def show(self, title: str) -> None:
         await asyncio.sleep(SETTLE_SECONDS)
@@ -274,8 +269,11 @@ async def _script(run: DemoRun, image_path: Path) -> None:
     run.out(f"   bob (not the requester) submits answers → {await run.click(BYSTANDER, submit, answers)}")
     run.out(f"   alice submits answers → {await run.click(REQUESTER, submit, answers)}")
     received = await run.actions()
-    run.out(f"   runtime reads the action log: {[a['kind'] for a in received]}")
-    chosen = received[-1]["payload"]["answers"]
+    run.out(f"   runtime reads the action log: {[a.kind for a in received]}")
+    answered = received[-1]
+    if not isinstance(answered, AnswersAction):
+        raise RuntimeError(f"expected the answers, the log holds {answered.kind!r}")
+    chosen = answered.payload.answers
     await run.send(
         {"type": "status", "status": "RUNNING", "round": 2},
         {"type": "tool_started", "call_id": "c6", "name": "ask_user_questions"},
@@ -285,9 +283,9 @@ async def _script(run: DemoRun, image_path: Path) -> None:
             "result": {
                 "answers": [
                     {
-                        "question": a["question"],
-                        "selectedLabels": a["selected_labels"],
-                        "customInput": a["custom_input"] or None,
+                        "question": a.question,
+                        "selectedLabels": a.selected_labels,
+                        "customInput": a.custom_input or None,
                     }
                     for a in chosen
                 ]
@@ -365,7 +363,7 @@ async def _script(run: DemoRun, image_path: Path) -> None:
     run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, _value('cancel', run.session_id))}")
     await run.show("cancel clicked: the card says it is cancelling")
     received = await run.actions()
-    run.out(f"   runtime reads the action log: {[a['kind'] for a in received]}")
+    run.out(f"   runtime reads the action log: {[a.kind for a in received]}")
     await run.send(
         {"type": "subagent_finished", "task_id": 12, "status": "CANCELLED", "total_rounds": 4},
         {
@@ -397,9 +395,11 @@ async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResul
                 await site.start()
                 host, port = runner.addresses[0][:2]
                 base_url = f"http://{host}:{port}"
-                headers = {"Authorization": f"Bearer {API_TOKEN}"}
-                async with aiohttp.ClientSession(headers=headers) as http:
-                    run = DemoRun(http, base_url, sandbox, out)
+                async with (
+                    FeishuProgressClient(base_url, API_TOKEN) as fp,
+                    aiohttp.ClientSession() as http,
+                ):
+                    run = DemoRun(fp, http, base_url, sandbox, out)
                     await _script(run, image_path)
                     metrics = await _metrics_lines(http, app[SERVICES].admin_url)
                 result = _result(run, sandbox, metrics, time.monotonic() - started)

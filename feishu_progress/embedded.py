@@ -67,10 +67,11 @@ class EmbeddedService:
 
     async def get_task(self, session_id: int) -> dict[str, Any]:
         """Same as ``GET /v1/tasks/{id}``."""
-        return await self._service.view(session_id)
+        return (await self._service.view(session_id)).json_body()
 
     async def actions(
         self, session_id: int, after: int = 0, wait: float = 0.0
     ) -> tuple[list[dict[str, Any]], int]:
         """Same as ``GET /v1/tasks/{id}/actions``: (actions, cursor)."""
-        return await self._service.wait_actions(session_id, after, wait)
+        actions, cursor = await self._service.wait_actions(session_id, after, wait)
+        return [action.json_body() for action in actions], cursor

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
@@ -21,6 +20,7 @@ from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import ActionRecord, ActionRepository, NewAction
 from feishu_progress.group_commit import GroupCommit
 from feishu_progress.ports import Clock
+from feishu_progress.runtime.responses import USER_ACTION, UserAction
 from feishu_progress.waiting import event_or_timeout
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ActionLog:
         if waiter is not None:
             waiter.set()
 
-    async def wait(self, session_id: int, after: int, wait: float) -> tuple[list[dict[str, Any]], int]:
+    async def wait(self, session_id: int, after: int, wait: float) -> tuple[list[UserAction], int]:
         """Actions after the cursor ``after``; waits up to ``wait`` seconds for the first one."""
         deadline = self._clock.monotonic() + wait
         waiter = self._waiters.setdefault(session_id, asyncio.Event())
@@ -80,14 +80,17 @@ class ActionLog:
             self._polls[session_id] -= 1
             if not self._polls[session_id]:
                 del self._polls[session_id], self._waiters[session_id]
-        return [_action_json(record) for record in records], (records[-1].id if records else after)
+        return [_user_action(record) for record in records], (records[-1].id if records else after)
 
 
-def _action_json(record: ActionRecord) -> dict[str, Any]:
-    return {
-        "cursor": record.id,
-        "kind": record.kind,
-        "operator_open_id": record.operator_open_id,
-        "payload": json.loads(record.payload) if isinstance(record.payload, str) else record.payload,
-        "created_at": record.created_at.isoformat().replace("+00:00", "Z"),
-    }
+def _user_action(record: ActionRecord) -> UserAction:
+    # Validated into the response model: a row the contract cannot describe fails here, not in a runtime.
+    return USER_ACTION.validate_python(
+        {
+            "cursor": record.id,
+            "kind": record.kind,
+            "operator_open_id": record.operator_open_id,
+            "payload": json.loads(record.payload) if isinstance(record.payload, str) else record.payload,
+            "created_at": record.created_at.isoformat().replace("+00:00", "Z"),
+        }
+    )

@@ -27,7 +27,24 @@ class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Id = Annotated[str, Field(min_length=1, max_length=_SHORT)]
+def _integer_too(schema: dict[str, Any]) -> None:
+    """JSON Schema of an id field: the ``_id_from_number`` validator takes integers as well as text."""
+    if "anyOf" in schema:  # an optional id: text, integer or null
+        schema["anyOf"].insert(1, {"type": "integer"})
+        return
+    text = {key: schema.pop(key) for key in ("type", "minLength", "maxLength") if key in schema}
+    schema["anyOf"] = [text, {"type": "integer"}]
+
+
+Id = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=_SHORT,
+        json_schema_extra=_integer_too,
+        description="Text; an integer is accepted and taken as its decimal text.",
+    ),
+]
 
 
 def _id_from_number(value: Any) -> Any:
@@ -38,22 +55,30 @@ def _id_from_number(value: Any) -> Any:
 
 
 class StatusEvent(_Event):
+    """The agent is working (RUNNING) or waiting for the user (WAITING) in this round."""
+
     type: Literal["status"]
     status: Literal["RUNNING", "WAITING"]
     round: int = Field(ge=0)
 
 
 class ContentEvent(_Event):
+    """The agent's whole text so far (replaces what the card shows)."""
+
     type: Literal["content"]
     text: str = Field(max_length=MAX_TEXT)
 
 
 class ContentDeltaEvent(_Event):
+    """More streamed text, appended to what the card shows."""
+
     type: Literal["content_delta"]
     text: str = Field(max_length=MAX_TEXT)
 
 
 class ToolStartedEvent(_Event):
+    """A tool call began; the card shows it as one line (a collapsible panel for rich results)."""
+
     type: Literal["tool_started"]
     call_id: Id
     name: Annotated[str, Field(min_length=1, max_length=_SHORT)]
@@ -63,6 +88,8 @@ class ToolStartedEvent(_Event):
 
 
 class ToolArgsEvent(_Event):
+    """The call's latest full arguments (may be partial while the model still streams them)."""
+
     type: Literal["tool_args"]
     call_id: Id
     args: dict[str, Any]
@@ -71,22 +98,30 @@ class ToolArgsEvent(_Event):
 
 
 class ToolFinishedEvent(_Event):
+    """The call ended; its result decides the line's failure reason and any rich view."""
+
     type: Literal["tool_finished"]
     call_id: Id
-    result: Any = None
+    result: Any = Field(default=None, description="A JSON object or string, exactly as the tool returned it.")
 
     _ids = field_validator("call_id", mode="before")(_id_from_number)
 
 
 class RoundFinishedEvent(_Event):
+    """The round's tool calls are done."""
+
     type: Literal["round_finished"]
     round: int = Field(ge=0)
 
 
 class SubagentStartedEvent(_Event):
+    """A subagent began; BACKGROUND and FOLLOWUP ones are listed on the card while they run."""
+
     type: Literal["subagent_started"]
     task_id: Id
-    child_session_id: Annotated[str, Field(max_length=64)] | None = None
+    child_session_id: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, json_schema_extra=_integer_too
+    )
     agent_type: Annotated[str, Field(max_length=64)] | None = None
     title: Annotated[str, Field(max_length=1000)] | None = None
     task_description: Annotated[str, Field(max_length=20_000)] | None = None
@@ -96,6 +131,8 @@ class SubagentStartedEvent(_Event):
 
 
 class SubagentRoundEvent(_Event):
+    """A running subagent moved to another round."""
+
     type: Literal["subagent_round"]
     task_id: Id
     round: int = Field(ge=0)
@@ -104,6 +141,8 @@ class SubagentRoundEvent(_Event):
 
 
 class SubagentStatusEvent(_Event):
+    """A running subagent is recovering (or running again)."""
+
     type: Literal["subagent_status"]
     task_id: Id
     status: Literal["RUNNING", "RECOVERING"]
@@ -112,6 +151,8 @@ class SubagentStatusEvent(_Event):
 
 
 class SubagentFinishedEvent(_Event):
+    """A subagent ended; it leaves the card's running list."""
+
     type: Literal["subagent_finished"]
     task_id: Id
     status: Literal["COMPLETED", "FAILED", "CANCELLED"]
@@ -121,15 +162,29 @@ class SubagentFinishedEvent(_Event):
 
 
 class AskOptionModel(_Event):
+    """One choice of a question."""
+
     label: Annotated[str, Field(min_length=1, max_length=500)]
     description: Annotated[str, Field(max_length=2000)] = ""
 
 
+def _string_options_too(schema: dict[str, Any]) -> None:
+    """JSON Schema of ``options``: ``_plain_options`` takes a bare label for ``{"label": ...}``."""
+    schema["items"] = {"anyOf": [schema["items"], {"type": "string", "minLength": 1, "maxLength": 500}]}
+
+
 class AskQuestionModel(_Event):
+    """One question; ``multiSelect`` lets the user pick several options."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     question: Annotated[str, Field(min_length=1, max_length=5000)]
-    options: list[AskOptionModel] = Field(default_factory=list, max_length=100)
+    options: list[AskOptionModel] = Field(
+        default_factory=list,
+        max_length=100,
+        json_schema_extra=_string_options_too,
+        description="Choices, each ``{label, description?}`` or a bare label; none: a free-text answer.",
+    )
     multi_select: bool = Field(default=False, alias="multiSelect")
 
     @field_validator("options", mode="before")
@@ -142,6 +197,8 @@ class AskQuestionModel(_Event):
 
 
 class AskEvent(_Event):
+    """The agent asks the user: the card shows a form (WAITING); the answers come back as an action."""
+
     type: Literal["ask"]
     ask_id: Id
     questions: list[AskQuestionModel] = Field(min_length=1, max_length=20)
@@ -150,6 +207,8 @@ class AskEvent(_Event):
 
 
 class ApprovalEvent(_Event):
+    """A tool call waits for approval: the card shows 同意 / 拒绝; the choice comes back as an action."""
+
     type: Literal["approval"]
     approval_id: Id
     tool_name: Annotated[str, Field(min_length=1, max_length=_SHORT)]
@@ -159,6 +218,8 @@ class ApprovalEvent(_Event):
 
 
 class FinishedEvent(_Event):
+    """The task ended: the final card goes out (no event is accepted after it)."""
+
     type: Literal["finished"]
     status: Literal["COMPLETED", "FAILED", "CANCELLED"]
     content: str | None = Field(default=None, max_length=MAX_TEXT)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from feishu_progress.errors import UnknownTask
 from feishu_progress.images import require_image
@@ -30,6 +29,7 @@ from feishu_progress.runtime.creation import CreatedTask, TaskCreator
 from feishu_progress.runtime.housekeeping import Housekeeping
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
+from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import SnapshotStore
 from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX
 from feishu_progress.runtime.task import Task
@@ -73,7 +73,7 @@ class TaskService:
         """Apply a validated batch in order (TaskConflict after the task finished); returns how many."""
         return await self.applier.apply(await self.require(session_id), batch)
 
-    async def add_image(self, session_id: int, data: bytes) -> dict[str, Any]:
+    async def add_image(self, session_id: int, data: bytes) -> ImageUploaded:
         """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.
 
         The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise); they pass through the same
@@ -89,25 +89,26 @@ class TaskService:
             task.state.add_uploaded_image(ref, image_key)
             task.sync_card()
             self.snapshots.mark_dirty(task)
-        return {"image_ref": ref, "image_key": image_key, "mime": mime, "bytes": len(data)}
+        # Validated: the sniffed MIME type must be one the contract names.
+        return ImageUploaded.model_validate(
+            {"image_ref": ref, "image_key": image_key, "mime": mime, "bytes": len(data)}
+        )
 
-    async def view(self, session_id: int) -> dict[str, Any]:
+    async def view(self, session_id: int) -> TaskView:
         """``GET /v1/tasks/{id}``: status, round, message and the current card."""
         task = await self.require(session_id)
         state = task.state
-        return {
-            "session_id": state.session_id,
-            "status": state.status.value,
-            "round": state.round,
-            "message_id": state.message_id,
-            "disliked": state.disliked,
-            "stop_reason": task.card.stopped_reason,
-            "card": task.card.render_current(),
-        }
+        return TaskView(
+            session_id=state.session_id,
+            status=state.status,
+            round=state.round,
+            message_id=state.message_id,
+            disliked=state.disliked,
+            stop_reason=task.card.stopped_reason,
+            card=task.card.render_current(),
+        )
 
-    async def wait_actions(
-        self, session_id: int, after: int, wait: float
-    ) -> tuple[list[dict[str, Any]], int]:
+    async def wait_actions(self, session_id: int, after: int, wait: float) -> tuple[list[UserAction], int]:
         """``GET /v1/tasks/{id}/actions``: user actions after the cursor, long-polled up to ``wait`` s."""
         await self.require(session_id)
         return await self.action_log.wait(session_id, after, wait)

@@ -11,6 +11,7 @@ from feishu_progress.config import MAX_IMAGE_BYTES
 from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
 from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
+from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.web.http import HttpError, read_file_field, read_json
 
@@ -73,9 +74,8 @@ class RuntimeApi:
             raise HttpError(409, "task_exists", str(exc)) from None
         except FirstCardFailed as exc:
             raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
-        return web.json_response(
-            {"session_id": created.session_id, "message_id": created.message_id}, status=201
-        )
+        answer = TaskCreated(session_id=created.session_id, message_id=created.message_id)
+        return web.json_response(answer.json_body(), status=201)
 
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
@@ -88,7 +88,7 @@ class RuntimeApi:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
         except TaskConflict as exc:
             raise HttpError(409, "task_finished", str(exc)) from None
-        return web.json_response({"accepted": applied}, status=202)
+        return web.json_response(EventsAccepted(accepted=applied).json_body(), status=202)
 
     async def get_task(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
@@ -96,7 +96,7 @@ class RuntimeApi:
             view = await self.service.view(session_id)
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
-        return web.json_response(view)
+        return web.json_response(view.json_body())
 
     async def get_actions(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
@@ -113,7 +113,7 @@ class RuntimeApi:
             actions, cursor = await self.service.wait_actions(session_id, after, wait)
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
-        return web.json_response({"actions": actions, "cursor": cursor})
+        return web.json_response(ActionsPage(actions=actions, cursor=cursor).json_body())
 
     async def upload_image(self, request: web.Request) -> web.Response:
         """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP)."""
@@ -129,4 +129,4 @@ class RuntimeApi:
             ) from None
         except EventRejected as exc:
             raise HttpError(422, "too_many_images", exc.message, field="image") from None
-        return web.json_response(uploaded, status=201)
+        return web.json_response(uploaded.json_body(), status=201)

@@ -1,9 +1,10 @@
 """HTTP plumbing every listener shares: one JSON error shape, one bearer check, one body reader.
 
 Every error any endpoint answers — runtime API, callbacks, admin, the sandbox preview — is
-``{"error": "<code>", "message": "<for people>", ...extra}``. Handlers raise ``HttpError``; the
-``json_errors`` middleware turns it (and aiohttp's own 404/405/413...) into that shape, and turns an
-unexpected failure on our side into a JSON 503 a client can retry, never a bare 500.
+``{"error": "<code>", "message": "<for people>"}``, plus ``field`` on a 422 and ``retry_after`` on a 503
+(``runtime/responses.py`` ErrorBody, the schema the OpenAPI document names). Handlers raise
+``HttpError``; the ``json_errors`` middleware turns it (and aiohttp's own 404/405/413...) into that
+shape, and turns an unexpected failure on our side into a JSON 503 a client can retry, never a bare 500.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
 
 from feishu_progress.errors import FeishuProgressError
+from feishu_progress.runtime.responses import ErrorBody
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +33,30 @@ RETRY_AFTER_SECONDS = 1
 class HttpError(Exception):
     """An answer other than success: the status, a stable machine code and a sentence for people."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
-        self.extra = extra
+        self.field = field
+        self.retry_after = retry_after
 
 
-def json_error(status: int, code: str, message: str, **extra: Any) -> web.Response:
-    """The one error body of every endpoint."""
-    headers = {"Retry-After": str(extra["retry_after"])} if "retry_after" in extra else None
-    return web.json_response({"error": code, "message": message, **extra}, status=status, headers=headers)
+def json_error(
+    status: int, code: str, message: str, *, field: str | None = None, retry_after: int | None = None
+) -> web.Response:
+    """The one error body of every endpoint (``field`` names what is wrong; ``retry_after`` on a 503)."""
+    body = ErrorBody(error=code, message=message, field=field, retry_after=retry_after)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response(body.json_body(), status=status, headers=headers)
 
 
 def unavailable(message: str, retry_after: int = RETRY_AFTER_SECONDS) -> web.Response:
@@ -56,7 +70,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except HttpError as exc:
-        return json_error(exc.status, exc.code, exc.message, **exc.extra)
+        return json_error(exc.status, exc.code, exc.message, field=exc.field, retry_after=exc.retry_after)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -89,12 +103,17 @@ def require_bearer(request: web.Request, token: SecretStr, name: str) -> None:
         raise HttpError(401, "unauthorized", f"a valid 'Authorization: Bearer <{name}>' header is required")
 
 
-def bearer_auth(token: SecretStr | None, *, prefix: str, name: str) -> Any:
-    """Middleware: every path under ``prefix`` needs the bearer ``token`` (no token configured: open)."""
+def bearer_auth(
+    token: SecretStr | None, *, prefix: str, name: str, open_paths: frozenset[str] = frozenset()
+) -> Any:
+    """Middleware: every path under ``prefix`` but ``open_paths`` needs the bearer ``token``.
+
+    No token configured: everything is open.
+    """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token is not None and request.path.startswith(prefix):
+        if token is not None and request.path.startswith(prefix) and request.path not in open_paths:
             require_bearer(request, token, name)
         return await handler(request)
 

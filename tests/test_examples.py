@@ -1,0 +1,126 @@
+"""examples/minimal_runtime.py against ``feishu-progress serve`` in sandbox mode, both as subprocesses.
+
+The service runs as a user runs it (a process, a free port, a temporary working directory, no FP_
+setting but the ones given here); the example runs as ``python examples/minimal_runtime.py
+--auto-answer`` and must exit 0 with the sandbox holding the task's card in its final, COMPLETED state.
+Both processes are always stopped. These wait on real time (processes, sockets): few and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "minimal_runtime.py"
+START_SECONDS = 60
+RUN_SECONDS = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _env(**settings: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("FP_", "FEISHU_PROGRESS_"))}
+    env["PYTHONPATH"] = str(REPO)  # this checkout, not whichever copy is installed
+    env.update(settings)
+    return env
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), 30)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+
+
+async def _until_serving(http: aiohttp.ClientSession, process: asyncio.subprocess.Process, url: str) -> None:
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if process.returncode is not None:
+            raise AssertionError(f"serve exited with {process.returncode}")
+        try:
+            async with http.get(f"{url}/v1/openapi.json") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"serve did not answer within {START_SECONDS} s")
+
+
+async def _final_card(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> dict[str, Any]:
+    """The sandbox's card once its last PATCH arrived (the final state goes out within the pacing)."""
+    deadline = time.monotonic() + 10
+    card: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        async with http.get(f"{url}/sandbox/api/messages", headers=headers) as response:
+            messages = (await response.json())["messages"]
+        assert len(messages) == 1, messages
+        card = messages[0]["card"]
+        if card["header"]["template"] == "green":
+            return card
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the card never reached its final state: {card.get('header')}")
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.mark.parametrize("token", [None, "example-token"], ids=["no-token", "token"])
+async def test_the_minimal_runtime_runs_to_a_finished_card(
+    tmp_path: Path, http: aiohttp.ClientSession, token: str | None
+) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    auth = {"FP_API__TOKEN": token} if token else {}
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "feishu_progress", "serve",
+        env=_env(FP_HTTP__HOST="127.0.0.1", FP_HTTP__PORT=str(port), FP_ADMIN__PORT="0",
+                 FP_LOG_LEVEL="WARNING", **auth),
+        cwd=tmp_path, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    example: asyncio.subprocess.Process | None = None
+    try:
+        await _until_serving(http, server, url)
+        client_auth = {"FEISHU_PROGRESS_TOKEN": token} if token else {}
+        example = await asyncio.create_subprocess_exec(
+            sys.executable, str(EXAMPLE), "--auto-answer", "--answer-timeout", "30",
+            env=_env(FEISHU_PROGRESS_URL=url, **client_auth),
+            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        output = (await asyncio.wait_for(example.communicate(), RUN_SECONDS))[0].decode()
+        assert example.returncode == 0, output
+        assert "auto-answer clicked: 回答已提交" in output and "finished: COMPLETED" in output, output
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        card = await _final_card(http, url, headers)
+        assert card["header"]["text_tag_list"][0]["text"]["content"] == "已完成"
+    finally:
+        if example is not None:
+            await _stop(example)
+        await _stop(server)
+    errors = (await server.stderr.read()).decode() if server.stderr else ""
+    assert "Traceback" not in errors, errors[-3000:]
