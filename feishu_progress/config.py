@@ -6,6 +6,8 @@ once at the entry point and passed explicitly; nothing reads the environment at 
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -179,6 +181,32 @@ class SubagentsSettings(BaseModel):
         return self.database_url is not None
 
 
+def default_instance_id() -> str:
+    """``<hostname>-<pid>``: unique per process on a host, readable in logs and /admin/cards."""
+    return f"{socket.gethostname()}-{os.getpid()}"[:64]
+
+
+class ClusterSettings(BaseModel):
+    """Cluster mode (FP_REDIS_URL set): how instances keep, hand over and take over cards."""
+
+    # How peers reach this instance's public listener to forward a request for a card it writes.
+    # Unset: http://<hostname or the bound address>:<FP_HTTP__PORT>.
+    advertise_url: str | None = None
+    heartbeat_seconds: float = Field(default=1.5, gt=0)
+    lease_seconds: float = Field(default=5.0, gt=0)
+    # Open API calls time out this fast in cluster mode: a new owner waits this long after taking a
+    # card from a dead instance, so a PATCH the dead one had in flight can no longer land after its own.
+    write_timeout_seconds: float = Field(default=2.5, gt=0)
+    forward_timeout_seconds: float = Field(default=1.5, gt=0)
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("FP_CLUSTER__ADVERTISE_URL must be an http(s) URL")
+        return value.rstrip("/") if value else None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FP_",
@@ -198,6 +226,9 @@ class Settings(BaseSettings):
     callback: CallbackSettings = CallbackSettings()
     images: ImagesSettings = ImagesSettings()
     subagents: SubagentsSettings = SubagentsSettings()
+    redis_url: str | None = None  # FP_REDIS_URL: cluster mode
+    instance_id: str = Field(default_factory=default_instance_id, min_length=1, max_length=64)
+    cluster: ClusterSettings = ClusterSettings()
     log_json: bool = False
     log_level: str = "INFO"
 
@@ -211,6 +242,13 @@ class Settings(BaseSettings):
     def serving_problems(self) -> list[str]:
         """Why this configuration must not serve (an open door by default is not a default we ship)."""
         problems: list[str] = []
+        if self.redis_url and not self.database_url.startswith(("mysql", "mariadb")):
+            problems.append(
+                "cluster mode (FP_REDIS_URL) needs MySQL/MariaDB in FP_DATABASE_URL: several instances "
+                "cannot share a SQLite file"
+            )
+        if self.redis_url and self.cluster.lease_seconds <= 2 * self.cluster.heartbeat_seconds:
+            problems.append("FP_CLUSTER__LEASE_SECONDS must exceed twice FP_CLUSTER__HEARTBEAT_SECONDS")
         feishu = self.feishu
         if feishu.sandbox:
             if self.bind_host not in LOOPBACK_HOSTS and self.api.token is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -66,6 +66,8 @@ class TaskRecord:
     last_event_at: datetime
     finished_at: datetime | None
     idempotency_key: str | None = None
+    fence: int = 0
+    owner_instance: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class NewTask:
     locale: str | None = None
     session_id: int | None = None  # the runtime's own id; generated when None
     idempotency_key: str | None = None
+    owner_instance: str | None = None  # cluster mode: the instance that creates it writes it (fence 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,8 @@ def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
         last_event_at=card.last_event_at,
         finished_at=card.finished_at,
         idempotency_key=card.idempotency_key,
+        fence=int(card.fence or 0),
+        owner_instance=card.owner_instance,
     )
 
 
@@ -144,7 +149,22 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
         started_at=task.now,
         last_event_at=task.now,
         idempotency_key=None if task.idempotency_key is None else storable_key(task.idempotency_key),
+        owner_instance=task.owner_instance,
+        fence=1 if task.owner_instance else 0,
     )
+
+
+def _state_params(row: StateRow) -> dict[str, Any]:
+    return {
+        "session_id": row.session_id,
+        "status": TaskStatus(row.status).value,
+        "round": row.round,
+        "snapshot": row.snapshot,
+        "last_event_at": row.last_event_at,
+        "finished_at": row.finished_at,
+        "disliked": row.disliked,
+        "stop_reason": row.stop_reason,
+    }
 
 
 def _action_record(row: TaskAction) -> ActionRecord:
@@ -179,6 +199,10 @@ class StateRow:
     finished_at: datetime | None = None
     disliked: bool = False
     stop_reason: str | None = None
+    fence: int = 0  # cluster mode: saved only while this fence is the card's (see ``save_states``)
+
+
+_STATE_FIELDS = ("status", "round", "snapshot", "last_event_at", "finished_at", "disliked", "stop_reason")
 
 
 class TaskRepository:
@@ -225,25 +249,50 @@ class TaskRepository:
         """Remember the Feishu message the card lives in."""
         await self._update_card(session_id, {"message_id": message_id})
 
-    async def save_states(self, rows: Sequence[StateRow]) -> None:
-        """Persist cards' latest states in one statement (a status change, or the periodic save)."""
+    async def save_states(self, rows: Sequence[StateRow], owner: str | None = None) -> list[int]:
+        """Persist cards' latest states in one statement; the session ids that were NOT saved.
+
+        Single mode (``owner`` None): by primary key, every row is saved. Cluster mode: a row is saved only
+        while ``owner`` still writes that card at the row's fence — an instance that lost a card (paused,
+        cut off, taken over) cannot overwrite what the new owner saves; those ids come back.
+        """
         if not rows:
-            return
-        params = [
-            {
-                "session_id": row.session_id,
-                "status": TaskStatus(row.status).value,
-                "round": row.round,
-                "snapshot": row.snapshot,
-                "last_event_at": row.last_event_at,
-                "finished_at": row.finished_at,
-                "disliked": row.disliked,
-                "stop_reason": row.stop_reason,
-            }
-            for row in rows
+            return []
+        params = [_state_params(row) for row in rows]
+        if owner is None:
+            async with self._db.session() as session:
+                await session.execute(update(TaskCard), params)  # ORM bulk UPDATE by primary key
+            return []
+        return await self._save_fenced(rows, params, owner)
+
+    async def _save_fenced(
+        self, rows: Sequence[StateRow], params: list[dict[str, Any]], owner: str
+    ) -> list[int]:
+        statement = (
+            update(TaskCard)
+            .where(
+                TaskCard.session_id == bindparam("b_session_id"),
+                TaskCard.fence == bindparam("b_fence"),
+                TaskCard.owner_instance == owner,
+            )
+            .values({name: bindparam(f"b_{name}") for name in _STATE_FIELDS})
+        )
+        bound = [
+            {f"b_{key}": value for key, value in (param | {"fence": row.fence}).items()}
+            for param, row in zip(params, rows, strict=True)
         ]
-        async with self._db.session() as session:
-            await session.execute(update(TaskCard), params)  # ORM bulk UPDATE by primary key
+        async with self._db.engine.begin() as connection:
+            result = await connection.execute(statement, bound)
+            if result.rowcount == len(rows):
+                return []
+            fences = {row.session_id: row.fence for row in rows}
+            held = await connection.execute(
+                select(TaskCard.session_id, TaskCard.fence, TaskCard.owner_instance).where(
+                    TaskCard.session_id.in_(list(fences))
+                )
+            )
+        kept = {sid for sid, fence, who in held if who == owner and fence == fences[sid]}
+        return [sid for sid in fences if sid not in kept]
 
     async def get(self, session_id: int) -> TaskRecord | None:
         """The task, or None when there is no such session."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import IntegrityError
 
@@ -40,12 +40,28 @@ class ActionLog:
         )
         self._waiters: dict[int, asyncio.Event] = {}  # one per session with a long-poll waiting
         self._polls: dict[int, int] = {}
+        # Cluster mode: tells the other instances (their long-polls, the card's owner) about a new action.
+        self.recorded: Callable[[int], None] | None = None
+        # Long-polls look at the table at least this often: a nudge from another instance may be lost.
+        self.poll_interval: float | None = None
 
-    async def record(self, action: NewAction) -> bool:
-        """Append ``action`` durably; True if it is new, False if its dedupe key was logged before."""
-        _, created = await self._writes.submit(action)
+    async def record(self, action: NewAction) -> ActionRecord:
+        """Append ``action`` durably; a repeat of a logged dedupe key gives back the first record."""
+        record, _ = await self._writes.submit(action)
         self.notify(action.session_id)
-        return created
+        if self.recorded is not None:
+            self.recorded(action.session_id)
+        return record
+
+    async def since(self, session_id: int, after: int) -> list[ActionRecord]:
+        """Every action of the session after the cursor (to re-apply what a saved state has not seen)."""
+        found: list[ActionRecord] = []
+        while batch := await self._repo.list_after(session_id, after, MAX_ACTIONS_PER_ANSWER):
+            found.extend(batch)
+            after = batch[-1].id
+            if len(batch) < MAX_ACTIONS_PER_ANSWER:
+                break
+        return found
 
     async def _append(self, actions: Sequence[NewAction]) -> list[tuple[ActionRecord, bool]]:
         for attempt in range(_INTEGRITY_RETRIES):
@@ -75,7 +91,8 @@ class ActionLog:
                 remaining = deadline - self._clock.monotonic()
                 if records or remaining <= 0:
                     break
-                await event_or_timeout(waiter, self._clock, remaining)
+                step = remaining if self.poll_interval is None else min(remaining, self.poll_interval)
+                await event_or_timeout(waiter, self._clock, step)
         finally:
             self._polls[session_id] -= 1
             if not self._polls[session_id]:

@@ -132,11 +132,13 @@ class CardActions:
             now=utc_datetime(self._clock.wall()),
         )
         try:
-            await self._action_log.record(action)
+            recorded = await self._action_log.record(action)
         except Exception as exc:
             log.warning("click %s on task %s not recorded: %s", click.action, task.session_id, exc)
             return _toast("error", "card.toast.error")
-        decision.apply(task.state)
+        if recorded.id > task.state.actions_applied:  # a redelivery racing the first: applied once
+            decision.apply(task.state)
+            task.state.actions_applied = recorded.id
         task.sync_card()  # the reply carries the new card; the scheduler brings every viewer up to date
         self._snapshots.mark_dirty(task)
         return _toast(decision.toast_type, decision.toast_key, task.card.render_current())

@@ -15,7 +15,7 @@ runtime can send megabytes and a process holds thousands of tasks:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,8 @@ class TaskState:
     image_keys: dict[str, str] = field(default_factory=dict)
     finished_at: float | None = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
+    actions_applied: int = 0  # the last action-log id whose effect this state carries
+    fence: int = 0  # cluster mode: the ownership epoch this process holds the card at (task_card.fence)
 
     # ----------------------------------------------------------------- events
     def check_batch(self, events: Sequence[ev.Event]) -> None:
@@ -240,6 +242,29 @@ class TaskState:
         _remember(self.resolved_approvals, approval_id)
         self.notice = Notice.APPROVED if approved else Notice.DENIED
 
+    def apply_logged_action(self, action_id: int, kind: str, payload: Mapping[str, Any]) -> None:
+        """The effect of a click read back from the action log: recorded, but not in this saved state.
+
+        A click is logged before it changes the task (runtime/card_actions.py). When the process that
+        applied it died before saving, or another instance recorded it while the owner was out of
+        reach, whoever holds the task next replays it from the log with these same methods.
+        """
+        if action_id <= self.actions_applied:
+            return
+        self.actions_applied = action_id
+        if kind == "dislike":
+            self.set_disliked(payload.get("disliked") is True)
+        elif self.status.is_terminal and kind != "retry":
+            return  # a cancel, answer or approval the task finished before
+        elif kind == "cancel":
+            self.request_cancel()
+        elif kind == "retry":
+            self.request_retry()
+        elif kind == "answers" and isinstance(ask_id := payload.get("ask_id"), str):
+            self.answer(ask_id)
+        elif kind == "approval" and isinstance(approval_id := payload.get("approval_id"), str):
+            self.decide(approval_id, payload.get("approved") is True)
+
     # ----------------------------------------------------------------- views
     def card_state(self) -> CardState:
         """What the live card shows."""
@@ -291,6 +316,7 @@ class TaskState:
             "retry_requested": self.retry_requested,
             "image_keys": dict(self.image_keys),
             "finished_at": self.finished_at,
+            "actions_applied": self.actions_applied,
         }
 
     def to_snapshot(self) -> str:
@@ -332,6 +358,7 @@ class TaskState:
         self.image_keys = {str(k): str(v) for k, v in (data.get("image_keys") or {}).items()}
         finished_at = data.get("finished_at")
         self.finished_at = float(finished_at) if isinstance(finished_at, int | float) else None
+        self.actions_applied = _int(data.get("actions_applied"))
 
 
 def dump_snapshot(snapshot: dict[str, Any]) -> str:

@@ -1,0 +1,163 @@
+"""This instance's lease (cluster mode): a heartbeat row on the database's clock, and a local deadline.
+
+The database row says to the others "I am alive until ``expires_at``" (UTC_TIMESTAMP, the database's
+clock, so no two hosts' clocks are compared). Locally the instance keeps a stricter deadline on its own
+monotonic clock: it starts no Open API write after ``sent + lease - margin``, where ``sent`` is when the
+last successful heartbeat LEFT (so the row's expiry is surely later). A paused or partitioned instance
+therefore stops writing before anyone may take its cards; a write it had in flight at that moment is
+covered by the new owner, which waits ``write_timeout`` before its first write to a card it took.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+from feishu_progress.config import ClusterSettings
+from feishu_progress.db.engine import Database
+from feishu_progress.db.models import InstanceLease
+from feishu_progress.ports import Clock
+from feishu_progress.waiting import Stopper
+
+log = logging.getLogger(__name__)
+
+# How much earlier than the lease this instance stops starting writes.
+SAFETY_MARGIN_SECONDS = 0.5
+
+
+def _db_now_plus(seconds: float) -> object:
+    # MySQL/MariaDB only (cluster mode requires them): microseconds keep sub-second leases exact.
+    return text(f"UTC_TIMESTAMP(6) + INTERVAL {int(seconds * 1_000_000)} MICROSECOND")
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    instance_id: str
+    address: str | None
+    alive: bool
+
+
+class LeaseKeeper:
+    def __init__(
+        self, db: Database, instance_id: str, address: str, settings: ClusterSettings, clock: Clock
+    ) -> None:
+        self._db = db
+        self.instance_id = instance_id
+        self.address = address
+        self._settings = settings
+        self._clock = clock
+        self._deadline = -1.0
+        self._live = 1
+        self.lost = 0  # how many times this instance found its lease gone (paused, partitioned)
+
+    def can_write(self) -> bool:
+        """Whether this instance may start an Open API write now."""
+        return self._clock.monotonic() < self._deadline
+
+    @property
+    def seconds_left(self) -> float:
+        return self._deadline - self._clock.monotonic()
+
+    def live_instances(self) -> int:
+        """Instances with a live lease at the last heartbeat (at least this one)."""
+        return max(1, self._live)
+
+    async def acquire(self) -> None:
+        """Create (or take back, after a restart with the same id) this instance's lease row."""
+        sent = self._clock.monotonic()
+        lease = self._settings.lease_seconds
+        statement = mysql_insert(InstanceLease).values(
+            instance_id=self.instance_id,
+            address=self.address,
+            started_at=text("UTC_TIMESTAMP(6)"),
+            heartbeat_at=text("UTC_TIMESTAMP(6)"),
+            expires_at=_db_now_plus(lease),
+            draining=False,
+        )
+        statement = statement.on_duplicate_key_update(
+            address=statement.inserted.address,
+            started_at=statement.inserted.started_at,
+            heartbeat_at=statement.inserted.heartbeat_at,
+            expires_at=statement.inserted.expires_at,
+            draining=False,
+        )
+        async with self._db.engine.begin() as connection:
+            await connection.execute(statement)
+        self._deadline = sent + lease - SAFETY_MARGIN_SECONDS
+        await self._count_live()
+
+    async def renew(self) -> bool:
+        """Extend the lease; False when the local deadline had already passed (the lease may be lost)."""
+        sent = self._clock.monotonic()
+        was_valid = self.can_write()
+        lease = self._settings.lease_seconds
+        async with self._db.engine.begin() as connection:
+            result = await connection.execute(
+                update(InstanceLease)
+                .where(InstanceLease.instance_id == self.instance_id)
+                .values(heartbeat_at=text("UTC_TIMESTAMP(6)"), expires_at=_db_now_plus(lease), draining=False)
+            )
+        if result.rowcount == 0:
+            await self.acquire()  # the row was removed (a peer's cleanup): this is a fresh start
+            return False
+        self._deadline = sent + lease - SAFETY_MARGIN_SECONDS
+        await self._count_live()
+        return was_valid
+
+    async def _count_live(self) -> None:
+        async with self._db.engine.connect() as connection:
+            live = await connection.scalar(
+                select(func.count()).where(InstanceLease.expires_at > text("UTC_TIMESTAMP(6)"))
+            )
+        self._live = int(live or 1)
+
+    async def run(self, stopper: Stopper, on_lost: Callable[[], Awaitable[None]]) -> None:
+        """Heartbeat until stopped; ``on_lost`` when a renewal finds the local deadline had passed."""
+        while await stopper.pause(self._settings.heartbeat_seconds):
+            try:
+                if not await self.renew():
+                    self.lost += 1
+                    log.error(
+                        "the lease of %s had expired (paused or cut off): dropping its cards",
+                        self.instance_id,
+                    )
+                    await on_lost()
+            except Exception as exc:  # the deadline runs out on its own: writes stop in time
+                log.warning(
+                    "lease heartbeat failed: %s (%.1f s of lease left)", type(exc).__name__, self.seconds_left
+                )
+
+    async def drain(self) -> None:
+        """Graceful stop: tell the others at once (they take over without waiting for expiry)."""
+        self._deadline = -1.0
+        async with self._db.engine.begin() as connection:
+            await connection.execute(
+                update(InstanceLease)
+                .where(InstanceLease.instance_id == self.instance_id)
+                .values(draining=True, expires_at=text("UTC_TIMESTAMP(6)"))
+            )
+
+    async def remove(self) -> None:
+        async with self._db.engine.begin() as connection:
+            await connection.execute(
+                delete(InstanceLease).where(InstanceLease.instance_id == self.instance_id)
+            )
+
+    async def peer(self, instance_id: str) -> Peer:
+        """Where another instance listens, and whether its lease is live."""
+        async with self._db.engine.connect() as connection:
+            row = (
+                await connection.execute(
+                    select(
+                        InstanceLease.address,
+                        (InstanceLease.expires_at > text("UTC_TIMESTAMP(6)")) & ~InstanceLease.draining,
+                    ).where(InstanceLease.instance_id == instance_id)
+                )
+            ).first()
+        if row is None:
+            return Peer(instance_id, None, False)
+        return Peer(instance_id, row[0], bool(row[1]))

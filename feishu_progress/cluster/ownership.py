@@ -1,0 +1,123 @@
+"""Who writes which card (cluster mode): ``task_card.owner_instance`` and its fencing epoch ``fence``.
+
+Taking a card is a compare-and-set on (owner, fence): of two instances that race for an orphan, one
+UPDATE matches and the other's matches nothing, so a card has one writer without holding row locks.
+Every take bumps ``fence``; every save of the card's state is conditioned on this instance still being
+its owner (runtime/snapshots.py), so an instance that lost a card can no longer overwrite it.
+
+An orphan is a card whose owner's lease has expired or is draining — or one released by a graceful
+hand-over (owner NULL) while still unfinished. Finished cards whose owner died are taken too (their
+final state may not have reached Feishu); a finished card leaves ownership (owner NULL) once its final
+state is delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, and_, or_, select, text, update
+
+from feishu_progress.db.engine import Database
+from feishu_progress.db.models import InstanceLease, TaskCard
+from feishu_progress.db.repo import UNFINISHED_STATUSES
+
+ORPHANS_PER_SCAN = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    session_id: int
+    owner: str | None
+    fence: int
+    owner_alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    session_id: int
+    fence: int
+    from_dead_owner: bool  # True: it may still have a write in flight (wait before writing)
+
+
+class OwnershipRepository:
+    def __init__(self, db: Database, instance_id: str) -> None:
+        self._db = db
+        self.me = instance_id
+
+    def _alive(self) -> ColumnElement[bool]:
+        return and_(InstanceLease.expires_at > text("UTC_TIMESTAMP(6)"), ~InstanceLease.draining)
+
+    async def of(self, session_id: int) -> Ownership | None:
+        """The card's owner and fence, and whether that owner's lease is live (None: no such task)."""
+        statement = (
+            select(
+                TaskCard.owner_instance,
+                TaskCard.fence,
+                InstanceLease.instance_id.is_not(None) & self._alive(),
+            )
+            .outerjoin(InstanceLease, InstanceLease.instance_id == TaskCard.owner_instance)
+            .where(TaskCard.session_id == session_id)
+        )
+        async with self._db.engine.connect() as connection:
+            row = (await connection.execute(statement)).first()
+        if row is None:
+            return None
+        return Ownership(session_id, row[0], int(row[1]), bool(row[2]))
+
+    async def orphans(self, limit: int = ORPHANS_PER_SCAN) -> list[Ownership]:
+        """Cards nobody live writes: a dead or draining owner, or released while unfinished."""
+        dead = or_(InstanceLease.instance_id.is_(None), ~self._alive())
+        statement = (
+            select(TaskCard.session_id, TaskCard.owner_instance, TaskCard.fence)
+            .outerjoin(InstanceLease, InstanceLease.instance_id == TaskCard.owner_instance)
+            .where(
+                TaskCard.message_id.is_not(None),
+                or_(
+                    and_(TaskCard.owner_instance.is_(None), TaskCard.status.in_(UNFINISHED_STATUSES)),
+                    and_(TaskCard.owner_instance.is_not(None), TaskCard.owner_instance != self.me, dead),
+                ),
+            )
+            .order_by(TaskCard.session_id)
+            .limit(limit)
+        )
+        async with self._db.engine.connect() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [Ownership(int(sid), owner, int(fence), False) for sid, owner, fence in rows]
+
+    async def mine(self) -> list[Ownership]:
+        """Cards the database says this instance writes (after a restart with the same id)."""
+        statement = select(TaskCard.session_id, TaskCard.fence).where(TaskCard.owner_instance == self.me)
+        async with self._db.engine.connect() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [Ownership(int(sid), self.me, int(fence), True) for sid, fence in rows]
+
+    async def take(self, seen: Ownership) -> Taken | None:
+        """Become the owner if nobody changed it since ``seen``; the new fence, or None (lost the race)."""
+        async with self._db.engine.begin() as connection:
+            result = await connection.execute(
+                update(TaskCard)
+                .where(
+                    TaskCard.session_id == seen.session_id,
+                    TaskCard.fence == seen.fence,
+                    TaskCard.owner_instance.is_(None)
+                    if seen.owner is None
+                    else TaskCard.owner_instance == seen.owner,
+                )
+                .values(owner_instance=self.me, fence=TaskCard.fence + 1)
+            )
+        if result.rowcount != 1:
+            return None
+        dead_owner = seen.owner is not None and seen.owner != self.me
+        return Taken(seen.session_id, seen.fence + 1, from_dead_owner=dead_owner)
+
+    async def release(self, session_ids: Sequence[int]) -> None:
+        """Stop owning these cards (a finished card delivered, or a graceful hand-over)."""
+        if not session_ids:
+            return
+        async with self._db.engine.begin() as connection:
+            await connection.execute(
+                update(TaskCard)
+                .where(TaskCard.session_id.in_(list(session_ids)), TaskCard.owner_instance == self.me)
+                .values(owner_instance=None)
+            )
