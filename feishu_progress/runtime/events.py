@@ -15,6 +15,11 @@ from feishu_progress.errors import EventRejected
 from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 
 _SHORT = 256
+# What the database columns hold (db/models.py): a value the edge accepts must be savable, or a 202 would
+# hide a state that can never reach the database (every save of it fails, for ever).
+MAX_ROUND = 2**31 - 1  # INT columns (task_card.round, subagent_execution.total_rounds)
+_REF = 64  # VARCHAR(64): open ids, message ids, subagent task refs
+_RECEIVE_ID = 255  # VARCHAR(255)
 M = TypeVar("M", bound=BaseModel)
 MAX_EVENTS_PER_BATCH = 1000
 MAX_TEXT = 1_000_000
@@ -28,6 +33,8 @@ class _Event(BaseModel):
 
 
 Id = Annotated[str, Field(min_length=1, max_length=_SHORT)]
+RefId = Annotated[str, Field(min_length=1, max_length=_REF)]  # an id that is stored in a column
+Round = Annotated[int, Field(ge=0, le=MAX_ROUND)]
 
 
 def _id_from_number(value: Any) -> Any:
@@ -40,7 +47,7 @@ def _id_from_number(value: Any) -> Any:
 class StatusEvent(_Event):
     type: Literal["status"]
     status: Literal["RUNNING", "WAITING"]
-    round: int = Field(ge=0)
+    round: Round
 
 
 class ContentEvent(_Event):
@@ -80,12 +87,12 @@ class ToolFinishedEvent(_Event):
 
 class RoundFinishedEvent(_Event):
     type: Literal["round_finished"]
-    round: int = Field(ge=0)
+    round: Round
 
 
 class SubagentStartedEvent(_Event):
     type: Literal["subagent_started"]
-    task_id: Id
+    task_id: RefId
     child_session_id: Annotated[str, Field(max_length=64)] | None = None
     agent_type: Annotated[str, Field(max_length=64)] | None = None
     title: Annotated[str, Field(max_length=1000)] | None = None
@@ -97,15 +104,15 @@ class SubagentStartedEvent(_Event):
 
 class SubagentRoundEvent(_Event):
     type: Literal["subagent_round"]
-    task_id: Id
-    round: int = Field(ge=0)
+    task_id: RefId
+    round: Round
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
 
 
 class SubagentStatusEvent(_Event):
     type: Literal["subagent_status"]
-    task_id: Id
+    task_id: RefId
     status: Literal["RUNNING", "RECOVERING"]
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
@@ -113,9 +120,9 @@ class SubagentStatusEvent(_Event):
 
 class SubagentFinishedEvent(_Event):
     type: Literal["subagent_finished"]
-    task_id: Id
+    task_id: RefId
     status: Literal["COMPLETED", "FAILED", "CANCELLED"]
-    total_rounds: int = Field(default=0, ge=0)
+    total_rounds: Round = 0
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
 
@@ -195,12 +202,12 @@ class CreateTaskRequest(BaseModel):
 
     # The agent's own session id (the parent id in its database); generated when absent.
     session_id: int | None = Field(default=None, gt=0, lt=2**63)
-    receive_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    receive_id: Annotated[str, Field(min_length=1, max_length=_RECEIVE_ID)]
     receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
-    requester_open_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    requester_open_id: RefId
     title: Annotated[str, Field(max_length=255)] = ""
     # It goes into an Open API URL path: only the shape of a Feishu message id (om_...) may pass.
-    reply_to_message_id: Annotated[str, Field(max_length=_SHORT, pattern=MESSAGE_ID_PATTERN)] | None = None
+    reply_to_message_id: Annotated[str, Field(max_length=_REF, pattern=MESSAGE_ID_PATTERN)] | None = None
     locale: Annotated[str, Field(max_length=16)] | None = None
 
     @field_validator("locale")
