@@ -12,7 +12,7 @@ import asyncio
 import os
 import shutil
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from sqlalchemy.pool import NullPool
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import downgrade, upgrade
 from feishu_progress.db.models import Base
+from tests.tcp_proxy import TcpProxy
 
 DEFAULT_MYSQL_URL = "mysql+aiomysql://root@127.0.0.1:3306/test"
 MYSQL_CONNECT_TIMEOUT_SECONDS = 3
@@ -158,3 +159,24 @@ async def db(db_url: str) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.close()
+
+
+ProxyFactory = Callable[[str, int], Awaitable[TcpProxy]]
+
+
+@pytest.fixture
+async def tcp_proxy() -> AsyncIterator[ProxyFactory]:
+    """Makes started ``TcpProxy`` instances in front of ``host, port``; all are closed at teardown."""
+    made: list[TcpProxy] = []
+
+    async def make(host: str, port: int) -> TcpProxy:
+        proxy = TcpProxy(host, port)
+        made.append(proxy)
+        await proxy.start()
+        return proxy
+
+    try:
+        yield make
+    finally:
+        for proxy in made:
+            await proxy.close()

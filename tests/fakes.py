@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Callable
 
 
 class FakeClock:
@@ -56,3 +57,31 @@ class FakeClock:
             await self.settle()
         self._now = target
         await self.settle()
+
+
+class InstantClock:
+    """A Clock whose ``sleep`` returns at once, moving its own time forward by what was asked.
+
+    For code that backs off between attempts of real I/O (Feishu calls over HTTP to the sandbox): the
+    backoff costs no wall time and stays in order with the I/O, and ``sleeps`` records every wait asked for.
+    """
+
+    def __init__(self, start: float = 1000.0, wall_start: float = 1_780_000_000.0) -> None:
+        self._now = start
+        self._wall_offset = wall_start - start
+        self.sleeps: list[float] = []
+        # Runs at each sleep, before it returns: a test changes the world "while the code waits".
+        self.on_sleep: Callable[[float], None] | None = None
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now + self._wall_offset
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self._now += max(0.0, seconds)
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+        await asyncio.sleep(0)

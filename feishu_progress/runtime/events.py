@@ -15,6 +15,11 @@ from feishu_progress.errors import EventRejected
 from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 
 _SHORT = 256
+# What the database columns hold (db/models.py): a value the edge accepts must be savable, or a 202 would
+# hide a state that can never reach the database (every save of it fails, for ever).
+MAX_ROUND = 2**31 - 1  # INT columns (task_card.round, subagent_execution.total_rounds)
+_REF = 64  # VARCHAR(64): open ids, message ids, subagent task refs
+_RECEIVE_ID = 255  # VARCHAR(255)
 M = TypeVar("M", bound=BaseModel)
 MAX_EVENTS_PER_BATCH = 1000
 MAX_TEXT = 1_000_000
@@ -45,6 +50,16 @@ Id = Annotated[
         description="Text; an integer is accepted and taken as its decimal text.",
     ),
 ]
+RefId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=_REF,
+        json_schema_extra=_integer_too,
+        description="Text (stored in a 64-character column); an integer is accepted as its decimal text.",
+    ),
+]
+Round = Annotated[int, Field(ge=0, le=MAX_ROUND)]
 
 
 def _id_from_number(value: Any) -> Any:
@@ -59,7 +74,7 @@ class StatusEvent(_Event):
 
     type: Literal["status"]
     status: Literal["RUNNING", "WAITING"]
-    round: int = Field(ge=0)
+    round: Round
 
 
 class ContentEvent(_Event):
@@ -111,14 +126,14 @@ class RoundFinishedEvent(_Event):
     """The round's tool calls are done."""
 
     type: Literal["round_finished"]
-    round: int = Field(ge=0)
+    round: Round
 
 
 class SubagentStartedEvent(_Event):
     """A subagent began; BACKGROUND and FOLLOWUP ones are listed on the card while they run."""
 
     type: Literal["subagent_started"]
-    task_id: Id
+    task_id: RefId
     child_session_id: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, json_schema_extra=_integer_too
     )
@@ -134,8 +149,8 @@ class SubagentRoundEvent(_Event):
     """A running subagent moved to another round."""
 
     type: Literal["subagent_round"]
-    task_id: Id
-    round: int = Field(ge=0)
+    task_id: RefId
+    round: Round
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
 
@@ -144,7 +159,7 @@ class SubagentStatusEvent(_Event):
     """A running subagent is recovering (or running again)."""
 
     type: Literal["subagent_status"]
-    task_id: Id
+    task_id: RefId
     status: Literal["RUNNING", "RECOVERING"]
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
@@ -154,9 +169,9 @@ class SubagentFinishedEvent(_Event):
     """A subagent ended; it leaves the card's running list."""
 
     type: Literal["subagent_finished"]
-    task_id: Id
+    task_id: RefId
     status: Literal["COMPLETED", "FAILED", "CANCELLED"]
-    total_rounds: int = Field(default=0, ge=0)
+    total_rounds: Round = 0
 
     _ids = field_validator("task_id", mode="before")(_id_from_number)
 
@@ -256,12 +271,12 @@ class CreateTaskRequest(BaseModel):
 
     # The agent's own session id (the parent id in its database); generated when absent.
     session_id: int | None = Field(default=None, gt=0, lt=2**63)
-    receive_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    receive_id: Annotated[str, Field(min_length=1, max_length=_RECEIVE_ID)]
     receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
-    requester_open_id: Annotated[str, Field(min_length=1, max_length=_SHORT)]
+    requester_open_id: RefId
     title: Annotated[str, Field(max_length=255)] = ""
     # It goes into an Open API URL path: only the shape of a Feishu message id (om_...) may pass.
-    reply_to_message_id: Annotated[str, Field(max_length=_SHORT, pattern=MESSAGE_ID_PATTERN)] | None = None
+    reply_to_message_id: Annotated[str, Field(max_length=_REF, pattern=MESSAGE_ID_PATTERN)] | None = None
     locale: Annotated[str, Field(max_length=16)] | None = None
 
     @field_validator("locale")

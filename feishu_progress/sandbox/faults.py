@@ -1,4 +1,9 @@
-"""Fault injection for the sandbox: injected 5xx, hangs, 429 storms and slow answers."""
+"""Fault injection for the sandbox: injected 5xx, hangs, 429 storms, slow answers and lost answers.
+
+Two ways a call fails, as a client sees them: the request never reached Feishu (``fail``, ``fail_next``:
+nothing happened, try again), or Feishu did the work and the answer was lost on the way back
+(``lose_answers``: the message exists, the client only sees a 5xx) — the case a send's ``uuid`` is for.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class FaultKind(StrEnum):
     ERROR = "error"
     HANG = "hang"
     STORM = "storm"
+    LOST_ANSWER = "lost_answer"  # the request is carried out, then answered with ``status``
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,12 @@ class Faults:
         self._storm_endpoints: frozenset[str] = frozenset()
         self._delay_seconds = 0.0
         self._delay_endpoints: frozenset[str] = frozenset()
+        self._failures_left = 0
+        self._failure_status = 500
+        self._failure_endpoints: frozenset[str] = frozenset()
+        self._losses_left = 0
+        self._loss_status = 500
+        self._loss_endpoints: frozenset[str] = frozenset()
         self.drops_expired_streams = False
 
     def fail(
@@ -63,6 +75,28 @@ class Faults:
         self._error_status = status
         self._error_endpoints = frozenset(endpoints)
         self._rng = random.Random(seed)
+
+    def fail_next(self, count: int, *, status: int = 500, endpoints: Iterable[str] = ("send",)) -> None:
+        """Answer the next ``count`` requests on ``endpoints`` with HTTP ``status`` before doing anything."""
+        self._failures_left = count
+        self._failure_status = status
+        self._failure_endpoints = frozenset(endpoints)
+
+    def lose_answers(
+        self, count: int, *, status: int = 500, endpoints: Iterable[str] = ("send", "reply")
+    ) -> None:
+        """Carry out the next ``count`` requests on ``endpoints``, then answer HTTP ``status`` instead.
+
+        A send's message exists although its sender was told it failed: only a retry with the same
+        ``uuid`` finds it again instead of sending a second card.
+        """
+        self._losses_left = count
+        self._loss_status = status
+        self._loss_endpoints = frozenset(endpoints)
+
+    def outage(self, *, status: int = 503, endpoints: Iterable[str] = ALL_ENDPOINTS) -> None:
+        """Feishu is down: every request on ``endpoints`` is answered ``status`` until ``clear``."""
+        self.fail(1.0, status=status, endpoints=endpoints)
 
     def hang(self, count: int, *, endpoints: Iterable[str] = ("patch",)) -> None:
         """Never answer the next ``count`` requests (until ``release_hangs`` or the sandbox stops)."""
@@ -109,6 +143,12 @@ class Faults:
         remaining = self._storm_until - self._now()
         if endpoint in self._storm_endpoints and remaining > 0:
             return Fault(FaultKind.STORM, status=429, retry_after=remaining)
+        if endpoint in self._failure_endpoints and self._failures_left > 0:
+            self._failures_left -= 1
+            return Fault(FaultKind.ERROR, status=self._failure_status)
+        if endpoint in self._loss_endpoints and self._losses_left > 0:
+            self._losses_left -= 1
+            return Fault(FaultKind.LOST_ANSWER, status=self._loss_status)
         if endpoint in self._error_endpoints and self._rng.random() < self._error_ratio:
             return Fault(FaultKind.ERROR, status=self._error_status)
         return None

@@ -26,8 +26,11 @@ from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxMessage,
 from feishu_progress.sandbox.updates import INSTANCE_HEADER, overlaps
 from feishu_progress.sandbox.ws_gateway import ClientConfig, WsGateway
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATE_KEY = web.AppKey("sandbox_state", SandboxState)
 GATEWAY_KEY = web.AppKey("sandbox_ws_gateway", WsGateway)
+# Set on a request whose answer is to be lost (faults.lose_answers): the HTTP status sent instead.
+LOST_ANSWER_KEY = web.RequestKey("sandbox_lost_answer", int)
 
 
 def create_sandbox_app(
@@ -37,7 +40,7 @@ def create_sandbox_app(
     ws_client_config: ClientConfig | None = None,
 ) -> web.Application:
     """An aiohttp application emulating the Feishu Open API calls the service makes."""
-    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_lose_answers])
     app[STATE_KEY] = SandboxState(config, clock)
     gateway = WsGateway(config.app_id, config.app_secret, ws_client_config)
     app[GATEWAY_KEY] = gateway
@@ -314,7 +317,9 @@ async def _admit(
     if delay:
         await asyncio.sleep(delay)
     fault = state.faults.decide(endpoint)
-    if fault is not None:
+    if fault is not None and fault.kind is FaultKind.LOST_ANSWER:
+        request[LOST_ANSWER_KEY] = fault.status  # carried out below, answered by _lose_answers
+    elif fault is not None:
         return state, await _inject(state, fault)
     if needs_token:
         refused = state.check_token(request.headers.get("Authorization"))
@@ -328,9 +333,23 @@ async def _inject(state: SandboxState, fault: Fault) -> web.StreamResponse:
         await state.faults.wait_released(state.config.hang_cap_seconds)
     if fault.kind is FaultKind.STORM:
         return _respond(state, state.gateway_limited(fault.retry_after))
-    state.responses[fault.status] += 1
+    return _failure(state, fault.status)
+
+
+def _failure(state: SandboxState, status: int) -> web.Response:
+    state.responses[status] += 1
     # Real gateways answer 5xx with HTML, not Feishu JSON: the client must cope with both.
-    return web.Response(status=fault.status, text="<html>injected failure</html>", content_type="text/html")
+    return web.Response(status=status, text="<html>injected failure</html>", content_type="text/html")
+
+
+@web.middleware
+async def _lose_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The request was carried out; its sender is told it failed (faults.lose_answers)."""
+    response = await handler(request)
+    status = request.get(LOST_ANSWER_KEY)
+    if status is None:
+        return response
+    return _failure(request.app[STATE_KEY], status)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

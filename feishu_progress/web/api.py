@@ -20,12 +20,15 @@ log = logging.getLogger(__name__)
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
 
 
 def _session_id(request: web.Request) -> int:
     raw = request.match_info["session_id"]
-    if not raw.isdigit() or len(raw) > 19:
-        raise HttpError(404, "unknown_task", f"no task {raw!r}")
+    # ASCII digits only ("²".isdigit() is true, int("²") fails), and within the BIGINT column: anything
+    # else names no task (a 404), never a failed database query.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
+        raise HttpError(404, "unknown_task", f"no task {raw[:40]!r}")
     return int(raw)
 
 
@@ -107,8 +110,10 @@ class RuntimeApi:
             raise HttpError(
                 422, "invalid_query", "'after' must be an integer and 'wait' a number of seconds"
             ) from None
-        if after < 0 or not 0 <= wait <= MAX_WAIT_SECONDS:
-            raise HttpError(422, "invalid_query", f"'after' >= 0 and 0 <= 'wait' <= {MAX_WAIT_SECONDS:g}")
+        if not 0 <= after <= MAX_ID or not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise HttpError(
+                422, "invalid_query", f"0 <= 'after' < 2**63 and 0 <= 'wait' <= {MAX_WAIT_SECONDS:g}"
+            )
         try:
             actions, cursor = await self.service.wait_actions(session_id, after, wait)
         except UnknownTask:
