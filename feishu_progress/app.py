@@ -17,10 +17,11 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from feishu_progress.config import FeishuSettings, Settings
+from feishu_progress.config import MAX_IMAGE_BYTES, FeishuSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
 from feishu_progress.db.repo import (
@@ -72,6 +73,8 @@ SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
 LONG_CONNECTION_STOP_SECONDS = 5.0
+# Cluster mode forwards an image upload (<= 10 MB plus its multipart framing) whole to the card's writer.
+MAX_REQUEST_BYTES = MAX_IMAGE_BYTES + 1024 * 1024
 
 __all__ = ["SERVICES", "Services", "create_app"]
 
@@ -131,14 +134,8 @@ def create_app(
     settings = _with_sandbox_callback_keys(settings)
     services = Services(settings=settings, clock=clock or SystemClock(), metrics=Metrics(registry))
     app = web.Application(
-        client_max_size=max(settings.callback.max_body_bytes, 8 * 1024 * 1024),
-        middlewares=[
-            json_errors,
-            # The contract is not a secret: a client generator reads it before it has a token.
-            bearer_auth(
-                settings.api.token, prefix="/v1/", name="FP_API__TOKEN", open_paths=frozenset({OPENAPI_PATH})
-            ),
-        ],
+        client_max_size=max(settings.callback.max_body_bytes, MAX_REQUEST_BYTES),
+        middlewares=_middlewares(services),
     )
     app[SERVICES] = services
     services.pipeline = CallbackPipeline(
@@ -159,10 +156,30 @@ def create_app(
         )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
     app.router.add_routes(openapi_routes())
+    if _clustered(services):
+        from feishu_progress.cluster.wiring import internal_routes
+
+        app.router.add_routes(internal_routes(services))
     if settings.feishu.sandbox or sandbox is not None:
         _mount_preview(app, services, sandbox)
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+def _middlewares(services: Services) -> list[Middleware]:
+    settings = services.settings
+    middlewares: list[Middleware] = [
+        json_errors,
+        # The contract is not a secret: a client generator reads it before it has a token.
+        bearer_auth(
+            settings.api.token, prefix="/v1/", name="FP_API__TOKEN", open_paths=frozenset({OPENAPI_PATH})
+        ),
+    ]
+    if _clustered(services):  # after authentication: only an authorised request is forwarded
+        from feishu_progress.cluster.wiring import writer_routing
+
+        middlewares.append(writer_routing(services))
+    return middlewares
 
 
 def _with_sandbox_callback_keys(settings: Settings) -> Settings:
@@ -217,15 +234,25 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
     feishu_settings = await _feishu_settings(services, stack)
     db = await _open_database(services, stack)
     _open_agent_database(services, stack)
-    client = await FeishuClient.open(feishu_settings, clock=services.clock)
+    client = await FeishuClient.open(
+        feishu_settings,
+        clock=services.clock,
+        instance_id=services.settings.instance_id,
+        write_timeout=services.settings.cluster.write_timeout_seconds if _clustered(services) else None,
+    )
     stack.push_async_callback(client.close)
     services.client = client
     fetcher = ImageFetcher(services.settings.images)
     await fetcher.open()
     stack.push_async_callback(fetcher.close)
     service = _build_service(services, db, client, fetcher)
-    await _warm_dedupe(services)
-    restored = await service.restore()
+    if _clustered(services):
+        from feishu_progress.cluster.wiring import open_cluster
+
+        restored = await open_cluster(services, db, service, stack)
+    else:
+        await _warm_dedupe(services)
+        restored = await service.restore()
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)
     _start_loops(services, service)
@@ -274,7 +301,7 @@ def _build_service(
     settings, clock, metrics = services.settings, services.clock, services.metrics
     tasks = TaskRepository(db)
     manager = _subagent_manager(services, db)
-    snapshots = SnapshotStore(tasks, clock)
+    snapshots = SnapshotStore(tasks, clock, services.background)
     scheduler = DeliveryScheduler(
         FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
         clock=clock,
@@ -313,11 +340,18 @@ def _build_service(
             clock=clock,
         ),
         images=images,
+        scheduler=scheduler,
+        background=services.background,
     )
     scheduler.listener = service
     services.scheduler, services.service = scheduler, service
     services.actions = CardActions(
-        tasks=service.task, action_log=action_log, snapshots=snapshots, settings=settings, clock=clock
+        tasks=service.task,
+        action_log=action_log,
+        snapshots=snapshots,
+        saved_state=snapshots.load,
+        settings=settings,
+        clock=clock,
     )
     services.deduper = PersistentDeduper(
         CallbackDedupeRepository(db), settings.callback.dedupe_ttl_seconds, clock, services.background
@@ -339,6 +373,12 @@ def _start_loops(services: Services, service: TaskService) -> None:
     services.stopper = stopper = Stopper(services.clock)
     services.background.spawn(service.housekeeping.run(stopper), name="housekeeping")
     services.background.spawn(service.snapshots.run(stopper), name="persist-snapshots")
+    if services.cluster is not None:
+        services.cluster.start_loops(stopper)
+
+
+def _clustered(services: Services) -> bool:
+    return services.settings.redis_url is not None
 
 
 async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuSettings:
@@ -403,16 +443,30 @@ async def _stop_long_connection(services: Services) -> None:
         )
 
 
+async def _flush_cards(services: Services) -> None:
+    if services.scheduler is None:
+        return
+    report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
+    if not report.complete:
+        log.error("shutdown: %s", report)
+    await services.scheduler.stop()
+
+
+async def _handed_over(services: Services) -> bool:
+    if services.cluster is None:
+        return False
+    from feishu_progress.cluster.wiring import stop_cluster
+
+    return await stop_cluster(services)
+
+
 async def _stop(services: Services) -> None:
     started = time.monotonic()
     await _stop_long_connection(services)  # first: no clicks arrive while the rest winds down
     if services.stopper is not None:
         services.stopper.stop()  # the loops end after their current pass; drained below
-    if services.scheduler is not None:
-        report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
-        if not report.complete:
-            log.error("shutdown: %s", report)
-        await services.scheduler.stop()
+    if not await _handed_over(services):  # handed over: the live peers write this instance's cards
+        await _flush_cards(services)
     if services.service is not None:
         await services.service.snapshots.flush()
     cancelled = await services.background.drain(BACKGROUND_DRAIN_SECONDS)

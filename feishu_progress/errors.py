@@ -71,3 +71,20 @@ class ImageRefused(FeishuProgressError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"image refused: {reason}")
         self.reason = reason
+
+
+class OwnedElsewhere(FeishuProgressError):
+    """Cluster mode: another live instance writes this card; ``address`` reaches it."""
+
+    def __init__(self, session_id: int, owner: str, address: str | None) -> None:
+        super().__init__(f"task {session_id} is written by {owner}")
+        self.owner = owner
+        self.address = address
+
+
+class NotWritableHere(FeishuProgressError):
+    """Cluster mode: this instance may not change the task right now (its lease lapsed): retry."""
+
+
+class ForwardFailed(FeishuProgressError):
+    """Cluster mode: the card's writer did not answer in time (paused, dying): answer a retryable 503."""

@@ -23,13 +23,29 @@ def admin_deps(services: Services) -> AdminDeps:
         checks["subagents_database"] = lambda: _agent_database(services)
     if services.settings.feishu.mode == "ws":
         checks["long_connection"] = lambda: _long_connection(services)
+    degradations = {"feishu": lambda: _feishu_outage(services)}
+    if services.settings.redis_url is not None:
+        checks["lease"] = lambda: _lease(services)
+        degradations["redis"] = lambda: _redis(services)
     return AdminDeps(
         registry=services.metrics.registry,
         checks=checks,
         cards=lambda: live_cards(services),
         token=services.settings.admin.token,
-        degradations={"feishu": lambda: _feishu_outage(services)},
+        degradations=degradations,
     )
+
+
+async def _lease(services: Services) -> str | None:
+    """Cluster mode: an instance without a live lease writes no card (its peers take them over)."""
+    cluster = services.cluster
+    if cluster is None:
+        return "cluster mode not started"
+    return None if cluster.lease.can_write() else "instance lease lapsed: not writing cards until renewed"
+
+
+def _redis(services: Services) -> str | None:
+    return None if services.cluster is None else services.cluster.redis_problem()
 
 
 def _feishu_outage(services: Services) -> str | None:
@@ -90,6 +106,7 @@ def live_cards(services: Services) -> list[dict[str, object]]:
             "message_id": task.state.message_id,
             "stopped_reason": task.card.stopped_reason,
             "seconds_since_event": round(now - task.state.last_event_at, 1),
+            "owner": services.settings.instance_id,  # an instance lists only the cards it writes
         }
         for task in service.registry
     ]

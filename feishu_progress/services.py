@@ -14,6 +14,8 @@ from feishu_progress.ports import Clock
 from feishu_progress.waiting import Stopper
 
 if TYPE_CHECKING:
+    from feishu_progress.cluster.mode import ClusterMode
+    from feishu_progress.cluster.wiring import ClusterDeduper
     from feishu_progress.db.engine import Database
     from feishu_progress.feishu.client import FeishuClient
     from feishu_progress.feishu.pipeline import CallbackPipeline
@@ -40,11 +42,12 @@ class Services:
     scheduler: DeliveryScheduler | None = None
     service: TaskService | None = None
     actions: CardActions | None = None
-    deduper: PersistentDeduper | None = None
+    deduper: PersistentDeduper | ClusterDeduper | None = None
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
     long_connection: LongConnection | None = None  # only when FP_FEISHU__MODE=ws
+    cluster: ClusterMode | None = None  # only in cluster mode (FP_REDIS_URL)
 
     def require_service(self) -> TaskService:
         if self.service is None:

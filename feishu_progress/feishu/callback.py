@@ -96,6 +96,8 @@ class CallbackReply:
     toast_type: ToastType = "info"
     text: Text | None = None  # None: no toast
     card: Mapping[str, Any] | None = None  # a full 2.0 card to replace the clicked one
+    # Cluster mode: the answer another instance (the card's writer) already rendered; sent as it is.
+    rendered: Mapping[str, Any] | None = None
 
 
 class ActionHandler(Protocol):
@@ -239,6 +241,8 @@ def event_from_payload(payload: Mapping[str, Any]) -> CardActionEvent:
 
 def render_reply(reply: CallbackReply, locales: tuple[str, ...]) -> dict[str, Any]:
     """Feishu's callback response body: ``{"toast": {...}, "card": {"type": "raw", "data": card}}``."""
+    if reply.rendered is not None:
+        return dict(reply.rendered)
     body: dict[str, Any] = {}
     if reply.text is not None:
         body["toast"] = render_toast(reply.toast_type, reply.text, locales)

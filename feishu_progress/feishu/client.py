@@ -7,6 +7,7 @@ Nothing here logs tokens, secrets or card bodies; log ids and codes are enough t
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import logging
@@ -95,8 +96,16 @@ class FeishuClient:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         instance_id: str | None = None,
+        write_timeout: float | None = None,
     ) -> None:
         self._settings = settings
+        # Cluster mode bounds a card write harder: a taker waits this long before its own first write,
+        # so a write from an instance that lost the card cannot land after the taker's.
+        self._write_timeout = (
+            aiohttp.ClientTimeout(total=min(write_timeout, settings.timeout_seconds))
+            if write_timeout
+            else None
+        )
         self._instance_headers = {INSTANCE_HEADER: instance_id} if instance_id else {}
         self._base_url = settings.base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
@@ -169,9 +178,8 @@ class FeishuClient:
 
     async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
         """Replace the card of a message this app sent."""
-        await self._call(
-            "PATCH", f"{MESSAGES_PATH}/{_segment(message_id)}", body={"content": _card_text(card)}
-        )
+        path = f"{MESSAGES_PATH}/{_segment(message_id)}"
+        await self._call("PATCH", path, body={"content": _card_text(card)}, timeout=self._write_timeout)
 
     async def upload_image(self, data: bytes) -> str:
         """Upload image bytes for use in cards; returns the image_key."""
@@ -211,17 +219,20 @@ class FeishuClient:
         params: Mapping[str, str] | None = None,
         body: Json | None = None,
         form: Callable[[], aiohttp.FormData] | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> Json:
         token = await self.tokens.get()
+        request = functools.partial(
+            self._request, method, path, params=params, body=body, form=form, timeout=timeout
+        )
         try:
-            return await self._request(method, path, token, params=params, body=body, form=form)
+            return await request(token)
         except FeishuAPIError as exc:
             if exc.code not in TOKEN_CODES:
                 raise
             log.info("token rejected, refreshing once", extra={"code": exc.code, "log_id": exc.log_id})
             self.tokens.invalidate(token)
-            token = await self.tokens.get()
-            return await self._request(method, path, token, params=params, body=body, form=form)
+            return await request(await self.tokens.get())
 
     async def _request(
         self,
@@ -232,13 +243,20 @@ class FeishuClient:
         params: Mapping[str, str] | None = None,
         body: Json | None = None,
         form: Callable[[], aiohttp.FormData] | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> Json:
         session = self._require_session()
         headers = {**self._instance_headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         url = self._base_url + path
         try:
             async with session.request(
-                method, url, params=params, json=body, data=form() if form else None, headers=headers
+                method,
+                url,
+                params=params,
+                json=body,
+                data=form() if form else None,
+                headers=headers,
+                timeout=timeout or self._timeout,
             ) as response:
                 raw = await response.read()
                 return _unwrap(response, raw)

@@ -165,6 +165,11 @@ class LiveCard:
         if self._state.status is TaskStatus.RUNNING:
             self._touch(urgent=False)
 
+    def resend(self) -> None:
+        """Send the newest state again though nothing changed: after a restart or a takeover, what Feishu
+        shows may be older than what was saved (or newer, from a writer that is gone)."""
+        self._touch(urgent=self.is_terminal)
+
     def mark_stopped(self, reason: str) -> None:
         """The scheduler will never send this card again (expired, recalled, rejected)."""
         self.stopped_reason = reason

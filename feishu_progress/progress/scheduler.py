@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # Never spin: a wake time already due (or missed by a rounding error) still waits this long.
 _MIN_SLEEP = 0.001
+# A card whose send the gate refused (no lease right now) is looked at again this much later.
+NOT_NOW_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,17 @@ class Deliverable(Protocol):
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery: ...
 
     def mark_stopped(self, reason: str) -> None: ...
+
+
+class DeliveryGate(Protocol):
+    """What a send must pass right before it goes out (cluster mode: the lease, the budget shared by all
+    instances). ``enter`` answers a grant, or None when this instance may not write now."""
+
+    async def enter(self, api: str, *, urgent: bool) -> object | None: ...
+
+    def leave(self, grant: object) -> None: ...
+
+    def paused(self, api: str, seconds: float) -> None: ...
 
 
 class DeliveryListener(Protocol):
@@ -152,6 +165,7 @@ class DeliveryScheduler:
         listener: DeliveryListener | None = None,
         default_pause_seconds: float = 1.0,
         breaker: OutageBreaker | None = None,
+        gate: DeliveryGate | None = None,
     ) -> None:
         rate = rate if rate is not None else RateSettings()
         self._sink = sink
@@ -166,6 +180,7 @@ class DeliveryScheduler:
         self._slots: dict[str, _Slot] = {}
         self._flights = BackgroundTasks()
         self.breaker = breaker if breaker is not None else OutageBreaker()
+        self.gate = gate
         self._events = _Events()
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -194,6 +209,27 @@ class DeliveryScheduler:
             self._dispatcher = None
         await self._flights.cancel_all()
 
+    async def stop_and_report(self, wait_seconds: float) -> set[str]:
+        """Stop launching, give the writes in flight ``wait_seconds`` to end, cancel the rest: their ids.
+
+        A hand-over (cluster mode) releases every other card at once; a cancelled write may still land
+        at Feishu, so its card is left for the next writer to take as from a dead owner (it waits first).
+        """
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+            self._dispatcher = None
+        deadline = self._clock.monotonic() + wait_seconds
+        while self._in_flight() and (remaining := deadline - self._clock.monotonic()) > 0:
+            self._events.progress.clear()
+            await event_or_timeout(self._events.progress, self._clock, remaining)
+        still_flying = self._in_flight()
+        await self._flights.cancel_all()
+        return still_flying
+
+    def _in_flight(self) -> set[str]:
+        return {message_id for message_id, slot in self._slots.items() if slot.in_flight}
+
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""
         if card.stopped_reason is not None:
@@ -210,6 +246,18 @@ class DeliveryScheduler:
         # An in-flight or already-scheduled card is looked at again when its PATCH ends or its time comes.
         if (newly_pending or newly_urgent) and not slot.in_flight:
             self._events.wake.set()
+
+    def hold(self, card: Deliverable, seconds: float) -> None:
+        """Send nothing of ``card`` for ``seconds`` (a card taken from a dead instance: its last write may
+        still be in flight), then its newest state."""
+        slot = self._slots.get(card.message_id)
+        if slot is None:
+            slot = self._slots[card.message_id] = _Slot(card)
+        slot.next_start = max(slot.next_start, self._clock.monotonic() + seconds)
+
+    def drop(self, message_id: str) -> None:
+        """Forget a card this instance no longer writes (taken by another instance); a flight still ends."""
+        self._slots.pop(message_id, None)
 
     def pending_message_ids(self) -> list[str]:
         """Messages with a state not yet delivered (in flight or waiting)."""
@@ -322,6 +370,16 @@ class DeliveryScheduler:
             # Whatever happened (answered, failed, cancelled), the budget slot frees one window from now.
             self._budget.settle(self._clock.monotonic())
 
+    def _not_now(self, slot: _Slot) -> None:
+        if slot.probe:
+            slot.probe = False
+            self.breaker.probe_ended()
+        slot.in_flight = False
+        self._restore_flight(slot)
+        slot.next_start = self._clock.monotonic() + NOT_NOW_SECONDS
+        self._events.wake.set()
+        self._events.progress.set()
+
     async def _deliver_once(self, slot: _Slot) -> None:
         delivery: Delivery | None = None
         try:
@@ -339,10 +397,14 @@ class DeliveryScheduler:
             outcome = PatchOutcome(OutcomeKind.DEGRADE, reason=f"card build failed: {exc!r}")
         else:
             try:
-                outcome = await self._patch(slot.card.message_id, delivery.card)
+                gated = await self._gated_patch(slot, delivery.card)
             except asyncio.CancelledError:
                 self._cancelled(slot)
                 raise
+            if gated is None:  # this instance may not write now (no lease): the state waits
+                self._not_now(slot)
+                return
+            outcome = gated
         slot.in_flight = False
         now = self._clock.monotonic()
         self._breaker_sees(slot, outcome, now)
@@ -383,6 +445,23 @@ class DeliveryScheduler:
         slot.in_flight = False
         self._restore_flight(slot)
 
+    async def _gated_patch(self, slot: _Slot, card: Mapping[str, Any]) -> PatchOutcome | None:
+        """The PATCH, through the gate when there is one (None: the gate said not now).
+
+        The gate is passed after the card is built, right before the request: a shared budget counts
+        a grant as arriving at Feishu within a few tens of milliseconds, which a build (it may wait
+        for the subagent query) would not keep.
+        """
+        if self.gate is None:
+            return await self._patch(slot.card.message_id, card)
+        grant = await self.gate.enter("patch", urgent=slot.flight_urgent or slot.card.is_terminal)
+        if grant is None:
+            return None
+        try:
+            return await self._patch(slot.card.message_id, card)
+        finally:
+            self.gate.leave(grant)
+
     async def _patch(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
         try:
             return await self._sink.patch_card(message_id, card)
@@ -404,6 +483,8 @@ class DeliveryScheduler:
             self._metrics.rate_limit_hits.labels(kind="app").inc()
             pause = outcome.retry_after if outcome.retry_after > 0 else self._default_pause
             self._budget.pause_until(now + pause)
+            if self.gate is not None:
+                self.gate.paused("patch", pause)
             log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)
             self._retry(slot, outcome, pause, now)
         elif kind is OutcomeKind.BACKOFF and self.breaker.is_open:

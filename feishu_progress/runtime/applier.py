@@ -18,11 +18,12 @@ from collections.abc import Awaitable
 
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.db.times import utc_datetime
+from feishu_progress.errors import NotWritableHere
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.images import ImageKeys
-from feishu_progress.runtime.snapshots import SnapshotStore
+from feishu_progress.runtime.snapshots import Saved, SnapshotStore
 from feishu_progress.runtime.task import Task
 from feishu_progress.subagents.manager import SubagentManager
 
@@ -58,6 +59,7 @@ class EventApplier:
         self._snapshots = snapshots
         self._clock = clock
         self._metrics = metrics
+        self.durable = False  # cluster mode: save every batch before answering
 
     async def apply(self, task: Task, batch: ev.EventBatch) -> int:
         """Apply a validated batch in order; returns how many events were applied."""
@@ -70,8 +72,11 @@ class EventApplier:
             state.end_batch(self._clock.wall())
             self._metrics.events.inc(len(batch.events))
             task.sync_card(urgent=state.status.is_terminal)
-            if state.status is not before:
-                await self._snapshots.save_now(task)  # a restart must re-attach at the right status
+            if state.status is not before or self.durable:
+                # A restart must re-attach at the right status; in cluster mode a dead instance's cards
+                # are taken over from what it saved, so every accepted event is saved before the 202.
+                if await self._snapshots.save_now(task) is Saved.LOST:
+                    raise NotWritableHere(f"task {task.session_id} is written by another instance now")
             else:
                 self._snapshots.mark_dirty(task)
         return len(batch.events)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from feishu_progress.cards.callback_contract import ACTIONS, CALLBACK_VERSION, decode_form_answers
 from feishu_progress.config import Settings
 from feishu_progress.db.repo import NewAction
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import Notice, TaskStatus
+from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent, ToastType
 from feishu_progress.i18n import Msg
 from feishu_progress.ports import Clock
@@ -30,6 +31,13 @@ from feishu_progress.runtime.task import Task
 log = logging.getLogger(__name__)
 
 TaskLookup = Callable[[int], Awaitable[Task | None]]
+StateLookup = Callable[[int], Awaitable[TaskState | None]]
+
+
+class RemoteClicks(Protocol):
+    """Cluster mode: hands a click to the instance that writes its card (cluster/forward.py)."""
+
+    async def click(self, address: str, event: CardActionEvent) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,18 +92,29 @@ class CardActions:
         snapshots: SnapshotStore,
         settings: Settings,
         clock: Clock,
+        saved_state: StateLookup | None = None,
+        remote: RemoteClicks | None = None,
     ) -> None:
         self._tasks = tasks
+        self._saved_state = saved_state
+        self.remote = remote
         self._action_log = action_log
         self._snapshots = snapshots
         self._settings = settings
         self._clock = clock
 
-    async def handle(self, event: CardActionEvent) -> CallbackReply:
+    async def handle(self, event: CardActionEvent, *, forwarded: bool = False) -> CallbackReply:
         click = parse_click(event.value)
         if click is None:
             return _toast("error", "card.toast.invalid_action")
-        task = await self._tasks(click.session_id)
+        try:
+            task = await self._tasks(click.session_id)
+        except OwnedElsewhere as elsewhere:
+            if forwarded or self.remote is None or elsewhere.address is None:
+                return await self._record_only(click, event)
+            return await self._at_owner(elsewhere.address, click, event)
+        except NotWritableHere:
+            return await self._record_only(click, event)
         if task is None:
             return _toast("error", "card.toast.unknown_task")
         if task.state.message_id and event.message_id and event.message_id != task.state.message_id:
@@ -107,6 +126,44 @@ class CardActions:
             return _toast("error", "card.toast.not_requester", task.card.render_current())
         async with task.lock:
             return await self._decide_and_apply(task, click, event)
+
+    async def _at_owner(self, address: str, click: Click, event: CardActionEvent) -> CallbackReply:
+        assert self.remote is not None
+        try:
+            return CallbackReply(rendered=await self.remote.click(address, event))
+        except ForwardFailed as exc:  # the owner is paused or dying: this instance records the click
+            log.warning("the owner of task %s did not take the click (%s)", click.session_id, exc)
+            return await self._record_only(click, event)
+
+    async def _record_only(self, click: Click, event: CardActionEvent) -> CallbackReply:
+        """Cluster mode, the card's writer out of reach: log the click; whoever holds the task applies it.
+
+        The answer is a toast only: this instance does not write the card, so it sends no card either.
+        """
+        state = None if self._saved_state is None else await self._saved_state(click.session_id)
+        if state is None:
+            return _toast("error", "card.toast.unknown_task")
+        if not self._may_act(state, event):
+            return _toast("error", "card.toast.not_requester")
+        decision = _DECIDERS[click.action](state, click, event)
+        if decision.kind is not None:
+            try:
+                await self._action_log.record(self._action(state.session_id, decision, event))
+            except Exception as exc:
+                log.warning("click %s on task %s not recorded: %s", click.action, click.session_id, exc)
+                return _toast("error", "card.toast.error")
+        return _toast(decision.toast_type, decision.toast_key)
+
+    def _action(self, session_id: int, decision: Decision, event: CardActionEvent) -> NewAction:
+        assert decision.kind is not None
+        return NewAction(
+            session_id=session_id,
+            kind=decision.kind,
+            operator_open_id=event.open_id,
+            payload=decision.payload or {},
+            dedupe_key=f"{decision.kind}:{event.token or event.event_id}",
+            now=utc_datetime(self._clock.wall()),
+        )
 
     def _may_act(self, state: TaskState, event: CardActionEvent) -> bool:
         if event.open_id == state.requester_open_id:
@@ -123,16 +180,8 @@ class CardActions:
         decision = _DECIDERS[click.action](task.state, click, event)
         if decision.kind is None or decision.apply is None:
             return _toast(decision.toast_type, decision.toast_key, task.card.render_current())
-        action = NewAction(
-            session_id=task.session_id,
-            kind=decision.kind,
-            operator_open_id=event.open_id,
-            payload=decision.payload or {},
-            dedupe_key=f"{decision.kind}:{event.token or event.event_id}",
-            now=utc_datetime(self._clock.wall()),
-        )
         try:
-            recorded = await self._action_log.record(action)
+            recorded = await self._action_log.record(self._action(task.session_id, decision, event))
         except Exception as exc:
             log.warning("click %s on task %s not recorded: %s", click.action, task.session_id, exc)
             return _toast("error", "card.toast.error")

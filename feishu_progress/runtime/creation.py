@@ -69,6 +69,7 @@ class TaskCreator:
         self._sender = sender
         self._registry = registry
         self._clock = clock
+        self.owner: str | None = None  # cluster mode: this instance's id; it writes what it creates
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
         """Create the task and send its first card (raises TaskConflict, FirstCardFailed)."""
@@ -78,7 +79,9 @@ class TaskCreator:
                 return await self._finish_earlier(earlier, idempotency_key)
         now = self._clock.wall()
         try:
-            session_id = await self._repo.create_task(_new_task(request, idempotency_key, utc_datetime(now)))
+            session_id = await self._repo.create_task(
+                _new_task(request, idempotency_key, utc_datetime(now), self.owner)
+            )
         except TaskConflict:
             if idempotency_key is None:
                 raise
@@ -95,6 +98,7 @@ class TaskCreator:
             locale=request.locale,
             started_at=now,
             last_event_at=now,
+            fence=1 if self.owner is not None else 0,
         )
         return await self._send_first(state, request.reply_to_message_id, idempotency_key)
 
@@ -134,7 +138,7 @@ class TaskCreator:
             log.warning("task %s could not be removed after its failed send: %s", session_id, delete_exc)
 
 
-def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any) -> NewTask:
+def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any, owner: str | None) -> NewTask:
     return NewTask(
         receive_id=request.receive_id,
         receive_id_type=request.receive_id_type,
@@ -145,6 +149,7 @@ def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any) -> NewTa
         locale=request.locale,
         session_id=request.session_id,
         idempotency_key=key,
+        owner_instance=owner,
     )
 
 

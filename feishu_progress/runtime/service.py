@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from feishu_progress.errors import UnknownTask
+from feishu_progress.background import BackgroundTasks
+from feishu_progress.errors import NotWritableHere, UnknownTask
 from feishu_progress.images import require_image
-from feishu_progress.progress.scheduler import Deliverable
+from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
@@ -31,10 +34,28 @@ from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import SnapshotStore
-from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX
+from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """This instance writes the card now, at ``fence``; ``hold`` seconds before its first write."""
+
+    fence: int
+    hold: float = 0.0
+
+
+class Ownership(Protocol):
+    """Cluster mode's side of "which instance holds which task" (cluster/mode.py)."""
+
+    def may_write(self) -> bool: ...
+
+    async def claim(self, session_id: int) -> Claim | None: ...
+
+    def release_later(self, session_ids: Sequence[int]) -> None: ...
 
 
 @dataclass
@@ -46,6 +67,9 @@ class TaskService:
     action_log: ActionLog
     housekeeping: Housekeeping
     images: ImageKeys
+    scheduler: DeliveryScheduler
+    background: BackgroundTasks = field(default_factory=BackgroundTasks)
+    ownership: Ownership | None = None  # cluster mode only
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
@@ -53,15 +77,70 @@ class TaskService:
         return await self.creator.create(request, idempotency_key)
 
     async def task(self, session_id: int) -> Task | None:
-        """The task, from memory or (evicted, or held by no one since a restart) from the database."""
+        """The task, from memory or (evicted, or held by no one since a restart) from the database.
+
+        Cluster mode: only the instance that writes a card holds its task; asking for one another live
+        instance writes raises OwnedElsewhere (the web layer forwards the request there), and a task
+        nobody live writes is taken here first.
+        """
         held = self.registry.get(session_id)
+        if self.ownership is None:
+            return held if held is not None else await self._load(session_id, None)
+        if not self.ownership.may_write():
+            raise NotWritableHere(f"task {session_id}: this instance's lease lapsed")
         if held is not None:
             return held
+        claim = await self.ownership.claim(session_id)
+        return None if claim is None else await self._load(session_id, claim)
+
+    async def adopt(self, session_id: int, claim: Claim) -> Task | None:
+        """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
+        held = self.registry.evict(session_id)
+        if held is not None:  # a stale copy from before a lapse of the lease
+            self.scheduler.drop(held.card.message_id)
+        return await self._load(session_id, claim)
+
+    async def _load(self, session_id: int, claim: Claim | None) -> Task | None:
         state = await self.snapshots.load(session_id)
         if state is None:
             return None
+        if claim is not None:
+            state.fence = claim.fence
+        await self._replay_actions(state)
         held = self.registry.get(session_id)  # loaded meanwhile by a concurrent request
-        return held if held is not None else self.registry.attach(state)
+        if held is not None:
+            return held
+        task = self.registry.attach(state)
+        if claim is not None and claim.hold > 0:
+            self.scheduler.hold(task.card, claim.hold)
+        if claim is not None or not state.status.is_terminal:
+            task.card.resend()  # what Feishu shows may predate the saved state, or come from a gone writer
+        return task
+
+    async def _replay_actions(self, state: TaskState) -> bool:
+        """Clicks logged after this state was saved (recorded elsewhere, or before a crash)."""
+        records = await self.action_log.since(state.session_id, state.actions_applied)
+        for record in records:
+            state.apply_logged_action(record.id, record.kind, record.payload)
+        return bool(records)
+
+    async def replay_actions(self, session_id: int) -> None:
+        """Another instance recorded a click on a task held here: apply it (cluster nudge)."""
+        task = self.registry.get(session_id)
+        if task is None:
+            return
+        async with task.lock:
+            if await self._replay_actions(task.state):
+                task.sync_card()
+                self.snapshots.mark_dirty(task)
+
+    def drop_local(self, session_ids: Sequence[int]) -> None:
+        """Forget tasks another instance writes now (this one was paused or cut off)."""
+        for session_id in session_ids:
+            task = self.registry.evict(session_id)
+            if task is not None:
+                self.scheduler.drop(task.card.message_id)
+            self.snapshots.forget(session_id)
 
     async def require(self, session_id: int) -> Task:
         task = await self.task(session_id)
@@ -109,24 +188,29 @@ class TaskService:
         )
 
     async def wait_actions(self, session_id: int, after: int, wait: float) -> tuple[list[UserAction], int]:
-        """``GET /v1/tasks/{id}/actions``: user actions after the cursor, long-polled up to ``wait`` s."""
-        await self.require(session_id)
+        """``GET /v1/tasks/{id}/actions``: user actions after the cursor, long-polled up to ``wait`` s.
+
+        Served from the action log by any instance (it does not take the task).
+        """
+        if self.registry.get(session_id) is None and await self.snapshots.load(session_id) is None:
+            raise UnknownTask(session_id)
         return await self.action_log.wait(session_id, after, wait)
 
     async def restore(self) -> int:
-        """Re-attach every unfinished task's live card after a restart; returns how many."""
+        """Single mode: re-attach every unfinished task's live card after a restart; returns how many."""
         states = await self.snapshots.load_unfinished()
         for state in states:
-            # Elapsed time moved on while we were down: show the card is alive again.
-            self.registry.attach(state).card.subagents_changed()
+            await self._replay_actions(state)
+            # What Feishu shows may predate the last save: the newest state goes out again.
+            self.registry.attach(state).card.resend()
         return len(states)
 
     # -- DeliveryListener: what the scheduler tells about cards -------------------------------------
 
     def final_delivered(self, card: Deliverable) -> None:
         task = self.registry.by_message(card.message_id)
-        if task is not None:
-            self.housekeeping.evict_finished(task)
+        if task is not None and self.housekeeping.evict_finished(task) and self.ownership is not None:
+            self.ownership.release_later([task.session_id])  # done: nobody need take it over
 
     def card_stopped(self, card: Deliverable, reason: str) -> None:
         task = self.registry.by_message(card.message_id)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from enum import StrEnum
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import StateRow, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import TaskStatus
+from feishu_progress.group_commit import GroupCommit
 from feishu_progress.ports import Clock
 from feishu_progress.runtime.state import TaskState, dump_snapshot
 from feishu_progress.runtime.task import Task
@@ -32,37 +35,60 @@ _CHARS_PER_TOOL_ESTIMATE = 2048
 MAX_STOP_REASON_CHARS = 255  # the column's size
 
 
+class Saved(StrEnum):
+    """What ``save_now`` achieved."""
+
+    NOW = "now"
+    LATER = "later"  # the database failed: the task stays dirty and the next pass tries again
+    LOST = "lost"  # cluster mode: another instance writes this card now; nothing was saved
+
+
 class SnapshotStore:
     """Dirty tracking, the periodic save, saves on a status change, and loading tasks back."""
 
-    def __init__(self, repo: TaskRepository, clock: Clock) -> None:
+    def __init__(
+        self, repo: TaskRepository, clock: Clock, background: BackgroundTasks, *, owner: str | None = None
+    ) -> None:
         self._repo = repo
         self._clock = clock
         self._dirty: dict[int, Task] = {}
         self._saving: set[int] = set()  # written right now: not safe to forget yet
         self._failing = False
+        # Saves at once (status changes; in cluster mode every batch) from many requests share a statement.
+        self._writes: GroupCommit[StateRow, bool] = GroupCommit(
+            self._write_rows, background, name="snapshots"
+        )
+        # Cluster mode: saves are conditioned on this instance still writing the card at its fence, and
+        # ``on_lost`` hears of the cards that were taken from it (a paused or cut-off instance).
+        self.owner = owner
+        self.on_lost: Callable[[list[int]], None] | None = None
 
     def mark_dirty(self, task: Task) -> None:
         """Save this task on the next pass."""
         self._dirty[task.session_id] = task
 
+    def forget(self, session_id: int) -> None:
+        """Nothing of this task is saved from here any more (another instance writes it)."""
+        self._dirty.pop(session_id, None)
+
     def is_dirty(self, session_id: int) -> bool:
         """Whether the task has changes the database does not have yet (or is being written)."""
         return session_id in self._dirty or session_id in self._saving
 
-    async def save_now(self, task: Task) -> bool:
-        """Save one task at once (a status change); on failure it stays dirty for the next pass."""
+    async def save_now(self, task: Task) -> Saved:
+        """Save one task at once (a status change; every batch in cluster mode), group-committed."""
         self._dirty.pop(task.session_id, None)
         self._saving.add(task.session_id)
         try:
-            await self._repo.save_states(await self._rows([task.state]))
+            (row,) = await self._rows([task.state])
+            saved = await self._writes.submit(row)
         except Exception as exc:
             self._dirty[task.session_id] = task
             self._log_failure("saving task %s failed (%s): retried on the next pass", task.session_id, exc)
-            return False
+            return Saved.LATER
         finally:
             self._saving.discard(task.session_id)
-        return True
+        return Saved.NOW if saved else Saved.LOST
 
     async def flush(self) -> int:
         """Save every dirty task (one statement, or row by row if that fails); returns how many were saved."""
@@ -73,7 +99,7 @@ class SnapshotStore:
         try:
             rows = await self._rows([task.state for task in dirty.values()])
             try:
-                await self._repo.save_states(rows)
+                await self._save(rows)
             except Exception:
                 saved = await self._one_by_one(rows, dirty)
             else:
@@ -89,13 +115,25 @@ class SnapshotStore:
         saved = 0
         for row in rows:
             try:
-                await self._repo.save_states([row])
+                await self._save([row])
             except Exception as exc:
                 self._dirty.setdefault(row.session_id, dirty[row.session_id])
                 self._log_failure("saving task %s failed (%s): retried on the next pass", row.session_id, exc)
             else:
                 saved += 1
         return saved
+
+    async def _write_rows(self, rows: Sequence[StateRow]) -> list[bool]:
+        lost = set(await self._save(rows))
+        return [row.session_id not in lost for row in rows]
+
+    async def _save(self, rows: Sequence[StateRow]) -> list[int]:
+        lost = await self._repo.save_states(rows, self.owner)
+        if lost:
+            log.warning("%d card(s) are written by another instance now: dropping them here", len(lost))
+            if self.on_lost is not None:
+                self.on_lost(lost)
+        return lost
 
     def _log_failure(self, message: str, session_id: int, exc: BaseException) -> None:
         # Once per outage, not once per task per second.
@@ -146,6 +184,7 @@ def _state_row(state: TaskState, snapshot: str) -> StateRow:
         finished_at=utc_datetime(state.finished_at) if state.finished_at is not None else None,
         disliked=state.disliked,
         stop_reason=None if state.stop_reason is None else state.stop_reason[:MAX_STOP_REASON_CHARS],
+        fence=state.fence,
     )
 
 
@@ -162,6 +201,7 @@ def state_from_record(record: TaskRecord) -> TaskState:
         round=record.round,
         disliked=record.disliked,
         stop_reason=record.stop_reason,
+        fence=record.fence,
         started_at=record.started_at.timestamp(),
         last_event_at=record.last_event_at.timestamp(),
     )

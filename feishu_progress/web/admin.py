@@ -68,7 +68,7 @@ class AdminApi:
             )
         body: dict[str, object] = {
             "status": "degraded" if degraded else "ready",
-            "checks": sorted(self.deps.checks),
+            "checks": sorted({*self.deps.checks, *self.deps.degradations}),  # everything watched
         }
         if degraded:
             body["degraded"] = degraded

@@ -1,0 +1,102 @@
+"""Requests for a card another instance writes go to that instance, over its public listener.
+
+Events for one task must be applied in order by one writer: the instance that writes the card. A request
+that reaches another instance is forwarded as it came (method, path, body, the runtime's bearer token)
+with ``X-FP-Forwarded-By``; an instance never forwards a forwarded request again (no loops while
+ownership moves: it answers a retryable 503 instead). Clicks are forwarded as the verified event, to
+``/internal/v1/clicks``, within Feishu's 3-second window.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from feishu_progress.errors import ForwardFailed
+from feishu_progress.feishu.callback import CardActionEvent
+
+log = logging.getLogger(__name__)
+
+FORWARDED_HEADER = "X-FP-Forwarded-By"
+INTERNAL_CLICKS_PATH = "/internal/v1/clicks"
+_PASSED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key")
+
+
+def event_to_json(event: CardActionEvent) -> dict[str, Any]:
+    data = asdict(event)
+    data["options"] = list(event.options)
+    return data
+
+
+def event_from_json(data: Any) -> CardActionEvent:
+    """The event ``event_to_json`` sent (ValueError naming what is wrong otherwise)."""
+    if not isinstance(data, dict):
+        raise ValueError("a forwarded click is a JSON object")
+    fields = dict(data)
+    unknown = set(fields) - set(CardActionEvent.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown field {sorted(unknown)[0]!r}")
+    for name in ("event_id", "token", "open_id", "message_id"):
+        if not isinstance(fields.get(name), str):
+            raise ValueError(f"field {name!r} must be a string")
+    fields["options"] = tuple(str(option) for option in fields.get("options") or ())
+    return CardActionEvent(**fields)
+
+
+class Forwarder:
+    def __init__(self, instance_id: str, *, request_timeout: float, click_timeout: float) -> None:
+        self._me = instance_id
+        self._request_timeout = request_timeout
+        self._click_timeout = click_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = aiohttp.ClientSession()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, request: web.Request, address: str) -> web.Response:
+        """Send ``request`` to the instance at ``address`` and answer with what it answered."""
+        assert self._session is not None
+        headers = {name: request.headers[name] for name in _PASSED_HEADERS if name in request.headers}
+        headers[FORWARDED_HEADER] = self._me
+        body = await request.read()
+        try:
+            async with self._session.request(
+                request.method,
+                address + request.path_qs,
+                data=body or None,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self._request_timeout),
+            ) as answer:
+                payload = await answer.read()
+                kept = {k: v for k, v in answer.headers.items() if k in ("Content-Type", "Retry-After")}
+                return web.Response(status=answer.status, body=payload, headers=kept)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ForwardFailed(f"{address}: {type(exc).__name__}") from exc
+
+    async def click(self, address: str, event: CardActionEvent, token: str | None) -> dict[str, Any]:
+        """Have the owner handle a verified click; its rendered answer (toast and card) comes back."""
+        assert self._session is not None
+        headers = {FORWARDED_HEADER: self._me}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            async with self._session.post(
+                address + INTERNAL_CLICKS_PATH,
+                json=event_to_json(event),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self._click_timeout),
+            ) as answer:
+                if answer.status != 200:
+                    raise ForwardFailed(f"{address} answered {answer.status}")
+                body: dict[str, Any] = await answer.json()
+                return body
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise ForwardFailed(f"{address}: {type(exc).__name__}") from exc

@@ -1,0 +1,276 @@
+"""Cluster mode (FP_REDIS_URL): several instances on one MySQL and one Redis, each card with one writer.
+
+MySQL holds the truth: leases (cluster/lease.py), who writes which card and at which fence
+(cluster/ownership.py), every task's saved state (saved before each 202 in this mode), the action log.
+Redis holds what is shared and fast but never the only copy of anything: the app budget
+(cluster/budget.py), callback dedupe keys, and nudges ("a click was recorded on task N") — every
+nudge has a backstop (long-polls look at the table every second; a taken task replays the log).
+
+What this object does, as the other rooms see it:
+- ``Ownership`` for the task service: may this instance write; take a task (claim); release finished ones.
+- ``DeliveryGate`` for the scheduler: no write without a live lease; every write through the shared budget.
+- ``RemoteClicks`` for card actions: hand a click to the card's writer.
+- its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone), the nudges.
+- ``hand_over`` at a graceful stop: cards with nothing in flight are released for the others at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from feishu_progress.background import BackgroundTasks
+from feishu_progress.cluster.budget import SharedBudget, connect
+from feishu_progress.cluster.forward import Forwarder
+from feishu_progress.cluster.lease import LeaseKeeper
+from feishu_progress.cluster.limits import OpenApi
+from feishu_progress.cluster.ownership import Ownership as Owner
+from feishu_progress.cluster.ownership import OwnershipRepository, Taken
+from feishu_progress.config import Settings
+from feishu_progress.db.engine import Database
+from feishu_progress.errors import OwnedElsewhere
+from feishu_progress.feishu.callback import CardActionEvent
+from feishu_progress.metrics import Metrics
+from feishu_progress.ports import Clock
+from feishu_progress.runtime.service import Claim, TaskService
+from feishu_progress.waiting import Stopper
+
+log = logging.getLogger(__name__)
+
+TAKEOVER_SCAN_SECONDS = 1.0
+NUDGE_CHANNEL = "fp:actions"
+DEDUPE_PREFIX = "fp:callback"
+REDIS_RETRY_SECONDS = 1.0
+
+
+class ClusterMode:
+    def __init__(
+        self, settings: Settings, db: Database, clock: Clock, metrics: Metrics, background: BackgroundTasks
+    ) -> None:
+        assert settings.redis_url is not None
+        cluster = settings.cluster
+        self.instance_id = settings.instance_id
+        self._settings = settings
+        self._clock = clock
+        self._background = background
+        self.lease = LeaseKeeper(db, settings.instance_id, advertise_url(settings), cluster, clock)
+        self.owners = OwnershipRepository(db, settings.instance_id)
+        self.redis: aioredis.Redis = connect(settings.redis_url, 0.5)
+        self.budget = SharedBudget.from_url(
+            settings.redis_url,
+            app_id=settings.feishu.app_id or "sandbox",
+            rate=settings.rate,
+            clock=clock,
+            live_instances=self.lease.live_instances,
+            metrics=metrics,
+        )
+        self.forwarder = Forwarder(
+            settings.instance_id,
+            request_timeout=cluster.lease_seconds,  # a paused owner's lease runs out meanwhile
+            click_timeout=cluster.forward_timeout_seconds,
+        )
+        self.service: TaskService | None = None
+        self._redis_problem: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self, service: TaskService) -> int:
+        """Take the lease, then this instance's own cards (after a restart) and any orphans."""
+        self.service = service
+        await self.forwarder.open()
+        await self.lease.acquire()
+        mine = await self.owners.mine()
+        return await self._adopt_all(mine) + await self._adopt_all(await self.owners.orphans())
+
+    def start_loops(self, stopper: Stopper) -> None:
+        self._background.spawn(self.lease.run(stopper, self._lease_lost), name="cluster-heartbeat")
+        self._background.spawn(self._scan(stopper), name="cluster-takeover")
+        self._background.spawn(self._nudges(stopper), name="cluster-nudges")
+
+    async def hand_over(self, in_flight: set[str]) -> int:
+        """Graceful stop: release every card with no write in flight, then tell the others (drain).
+
+        A card whose write is still in flight stays owned: the others take it as from a dead owner and
+        wait out the write timeout before their first write, so the late write cannot land after theirs.
+        """
+        assert self.service is not None
+        quiet = [t.session_id for t in self.service.registry if t.card.message_id not in in_flight]
+        await self.owners.release(quiet)
+        await self.lease.drain()
+        return len(quiet)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.lease.remove()
+        await self.forwarder.close()
+        await self.budget.aclose()
+        await self.redis.aclose()
+
+    # -- Ownership (for the task service) -----------------------------------------------------------
+
+    def may_write(self) -> bool:
+        return self.lease.can_write()
+
+    async def claim(self, session_id: int) -> Claim | None:
+        """This instance writes the task from now on (a Claim), or OwnedElsewhere; None: no such task."""
+        for _ in range(2):  # a lost race for an orphan is followed by one look at the winner
+            seen = await self.owners.of(session_id)
+            if seen is None:
+                return None
+            if seen.owner == self.instance_id:
+                return Claim(seen.fence)
+            if seen.owner is not None and seen.owner_alive:
+                peer = await self.lease.peer(seen.owner)
+                raise OwnedElsewhere(session_id, seen.owner, peer.address)
+            taken = await self.owners.take(seen)
+            if taken is not None:
+                return self._claim_of(taken)
+        raise OwnedElsewhere(session_id, "another instance", None)
+
+    def release_later(self, session_ids: Sequence[int]) -> None:
+        self._background.spawn(self.owners.release(list(session_ids)), name="cluster-release")
+
+    def _claim_of(self, taken: Taken) -> Claim:
+        hold = self._settings.cluster.write_timeout_seconds if taken.from_dead_owner else 0.0
+        return Claim(taken.fence, hold)
+
+    # -- DeliveryGate (for the scheduler) -----------------------------------------------------------
+
+    async def enter(self, api: str, *, urgent: bool) -> object | None:
+        if not self.lease.can_write():
+            return None
+        grant = await self.budget.acquire(OpenApi(api), urgent=urgent)
+        if not self.lease.can_write():  # the wait for the budget outlasted the lease
+            self.budget.settle(grant)
+            return None
+        return grant
+
+    def leave(self, grant: object) -> None:
+        self.budget.settle(grant)  # type: ignore[arg-type]
+
+    def paused(self, api: str, seconds: float) -> None:
+        self._background.spawn(self.budget.pause(OpenApi(api), seconds), name="cluster-budget-pause")
+
+    # -- RemoteClicks (for card actions) ------------------------------------------------------------
+
+    async def click(self, address: str, event: CardActionEvent) -> Mapping[str, Any]:
+        token = self._settings.api.token
+        return await self.forwarder.click(address, event, token.get_secret_value() if token else None)
+
+    # -- callback dedupe across instances -----------------------------------------------------------
+
+    async def first_seen(self, key: str, ttl_seconds: int) -> bool | None:
+        """True the first time any instance sees ``key``; None when Redis cannot say (use the database)."""
+        try:
+            return bool(await self.redis.set(f"{DEDUPE_PREFIX}:{key}", 1, nx=True, ex=ttl_seconds))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._redis_down(exc)
+            return None
+
+    # -- nudges -------------------------------------------------------------------------------------
+
+    def nudge(self, session_id: int) -> None:
+        """A click was recorded here: wake the others' long-polls and the card's writer."""
+        self._background.spawn(self._publish(session_id), name="cluster-nudge")
+
+    async def _publish(self, session_id: int) -> None:
+        try:
+            await self.redis.publish(NUDGE_CHANNEL, str(session_id))
+        except (RedisError, OSError, TimeoutError) as exc:  # the 1 s backstops still see it
+            self._redis_down(exc)
+
+    async def _nudges(self, stopper: Stopper) -> None:
+        while not stopper.stopping:
+            try:
+                await self._listen(stopper)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._redis_down(exc)
+            await stopper.pause(REDIS_RETRY_SECONDS)
+
+    async def _listen(self, stopper: Stopper) -> None:
+        assert self.service is not None
+        async with self.redis.pubsub() as pubsub:
+            await pubsub.subscribe(NUDGE_CHANNEL)
+            self._redis_problem = None
+            while not stopper.stopping:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                session_id = _nudged_session(message)
+                if session_id is not None:
+                    self._nudged(session_id)
+
+    def _nudged(self, session_id: int) -> None:
+        assert self.service is not None
+        self.service.action_log.notify(session_id)
+        if self.service.registry.get(session_id) is not None:
+            self._background.spawn(self.service.replay_actions(session_id), name="cluster-replay")
+
+    def redis_problem(self) -> str | None:
+        """Why Redis is out of reach (the budget then spends a local share), or None."""
+        budget = self.budget.status()
+        if budget.mode.value != "shared":
+            return f"redis unreachable: {budget.reason}; spending budget ÷ {self.lease.live_instances()}"
+        return self._redis_problem
+
+    def _redis_down(self, exc: BaseException) -> None:
+        if self._redis_problem is None:
+            log.warning("redis unreachable (%s): nudges wait for the 1 s backstops", type(exc).__name__)
+        self._redis_problem = f"redis unreachable: {type(exc).__name__}"
+
+    # -- takeover -----------------------------------------------------------------------------------
+
+    async def _scan(self, stopper: Stopper) -> None:
+        while await stopper.pause(TAKEOVER_SCAN_SECONDS):
+            if not self.lease.can_write():
+                continue
+            try:
+                await self._adopt_all(await self.owners.orphans())
+            except Exception:  # the next scan tries again
+                log.exception("takeover scan failed")
+
+    async def _adopt_all(self, seen: Sequence[Owner]) -> int:
+        assert self.service is not None
+        adopted = 0
+        for owner in seen:
+            taken = await self.owners.take(owner)
+            if taken is None:
+                continue
+            if await self.service.adopt(taken.session_id, self._claim_of(taken)) is not None:
+                adopted += 1
+        if adopted:
+            log.info("took over %d card(s)", adopted)
+        return adopted
+
+    async def _lease_lost(self) -> None:
+        """This instance was paused or cut off past its lease: its cards may be someone else's now."""
+        assert self.service is not None
+        held = [task.session_id for task in self.service.registry]
+        self.service.drop_local(held)
+        await self._adopt_all(await self.owners.mine())  # the ones nobody took meanwhile
+
+
+def _nudged_session(message: Mapping[str, Any] | None) -> int | None:
+    """The task id a nudge names (published by ``_publish``); None for anything else on the channel."""
+    data = None if message is None else message.get("data")
+    if isinstance(data, bytes):
+        data = data.decode("ascii", "replace")
+    if not isinstance(data, str) or not data.isascii() or not data.isdigit() or len(data) > 18:
+        return None
+    return int(data)
+
+
+def advertise_url(settings: Settings) -> str:
+    """How peers reach this instance's public listener."""
+    if settings.cluster.advertise_url:
+        return settings.cluster.advertise_url
+    import socket
+
+    host = settings.bind_host if settings.bind_host not in ("0.0.0.0", "::") else socket.gethostname()
+    return f"http://{host}:{settings.http.port}"
+
+
+__all__ = ["ClusterMode", "advertise_url"]

@@ -1,0 +1,153 @@
+"""Cluster mode, wired into the app: the same rooms as single mode with the cluster parts plugged in.
+
+Single mode is not a second implementation: this module only sets the hooks the rooms already have
+(the scheduler's gate, the snapshot store's owner, the task service's ownership, the action log's nudge,
+card actions' remote clicks) and adds two HTTP pieces: a middleware that sends a request for a card to
+the instance that writes it, and ``/internal/v1/clicks`` where that instance takes a forwarded click.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from feishu_progress.cluster.forward import FORWARDED_HEADER, INTERNAL_CLICKS_PATH, event_from_json
+from feishu_progress.cluster.mode import ClusterMode
+from feishu_progress.db.engine import Database
+from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
+from feishu_progress.db.times import utc_datetime
+from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
+from feishu_progress.feishu.callback import render_reply
+from feishu_progress.runtime.service import TaskService
+from feishu_progress.services import Services
+from feishu_progress.web.http import HttpError, read_json, require_bearer
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+INTERNAL_CLICK_MAX_BYTES = 256 * 1024  # a click's form values; the public callback caps them lower
+ACTIONS_LONG_POLL_SECONDS = 1.0  # long-polls look at the table this often (a nudge may be lost)
+
+
+async def open_cluster(services: Services, db: Database, service: TaskService, stack: AsyncExitStack) -> int:
+    """Plug cluster mode into a built service, take the lease and this instance's cards; how many."""
+    settings = services.settings
+    cluster = ClusterMode(settings, db, services.clock, services.metrics, services.background)
+    stack.push_async_callback(cluster.close)
+    services.cluster = cluster
+    service.ownership = cluster
+    service.applier.durable = True
+    service.snapshots.owner = settings.instance_id
+    service.snapshots.on_lost = service.drop_local
+    service.scheduler.gate = cluster
+    service.creator.owner = settings.instance_id
+    service.action_log.recorded = cluster.nudge
+    service.action_log.poll_interval = ACTIONS_LONG_POLL_SECONDS
+    assert services.actions is not None
+    services.actions.remote = cluster
+    services.deduper = ClusterDeduper(
+        cluster, CallbackDedupeRepository(db), settings.callback.dedupe_ttl_seconds, services
+    )
+    return await cluster.start(service)
+
+
+class ClusterDeduper:
+    """Callback dedupe every instance shares: Redis SET NX, or the database's unique key without Redis."""
+
+    def __init__(
+        self, cluster: ClusterMode, repo: CallbackDedupeRepository, ttl_seconds: int, services: Services
+    ) -> None:
+        self._cluster = cluster
+        self._repo = repo
+        self._ttl = ttl_seconds
+        self._services = services
+
+    async def warm(self) -> int:
+        return 0  # nothing kept in memory: every answer comes from Redis or the database
+
+    async def first_seen(self, key: str) -> bool:
+        stored = storable_key(key)
+        seen = await self._cluster.first_seen(stored, self._ttl)
+        if seen is not None:
+            return seen
+        return await self._repo.first_seen(stored, self._ttl, utc_datetime(self._services.clock.wall()))
+
+
+def writer_routing(services: Services) -> Middleware:
+    """Middleware: a request for one task goes to the instance that writes its card."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        session_id = _routed_session(request)
+        if session_id is None or services.service is None:
+            return await handler(request)
+        try:
+            await services.service.task(session_id)
+        except NotWritableHere:
+            raise HttpError(
+                503, "unavailable", "this instance is not writing cards now; retry", retry_after=1
+            ) from None
+        except OwnedElsewhere as elsewhere:
+            return await _forward(services, request, elsewhere)
+        return await handler(request)
+
+    return middleware
+
+
+def _routed_session(request: web.Request) -> int | None:
+    raw = request.match_info.get("session_id")
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return None
+    if request.path.endswith("/actions"):
+        return None  # the action log answers from any instance
+    return int(raw)
+
+
+async def _forward(services: Services, request: web.Request, elsewhere: OwnedElsewhere) -> web.StreamResponse:
+    if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None or services.cluster is None:
+        raise HttpError(503, "unavailable", "the card's writer is changing; retry", retry_after=1)
+    try:
+        forwarded: web.StreamResponse = await services.cluster.forwarder.request(request, elsewhere.address)
+        return forwarded
+    except ForwardFailed as exc:
+        log.warning("forwarding %s to %s failed: %s", request.path, elsewhere.owner, exc)
+        raise HttpError(
+            503, "unavailable", "the card's writer did not answer; retry", retry_after=1
+        ) from None
+
+
+def internal_routes(services: Services) -> list[web.RouteDef]:
+    """``POST /internal/v1/clicks``: a click another instance verified and deduplicated, for a card here."""
+
+    async def clicks(request: web.Request) -> web.Response:
+        token = services.settings.api.token
+        if token is not None:
+            require_bearer(request, token, "FP_API__TOKEN")
+        if services.actions is None:
+            raise HttpError(503, "unavailable", "starting up", retry_after=1)
+        try:
+            event = event_from_json(await read_json(request, limit=INTERNAL_CLICK_MAX_BYTES))
+        except ValueError as exc:
+            raise HttpError(400, "invalid_click", str(exc)) from None
+        reply = await services.actions.handle(event, forwarded=True)
+        return web.json_response(render_reply(reply, services.settings.card.locales))
+
+    return [web.post(INTERNAL_CLICKS_PATH, clicks)]
+
+
+async def stop_cluster(services: Services) -> bool:
+    """Graceful stop with live peers: hand the cards over instead of flushing them; False: not done."""
+    cluster, scheduler, service = services.cluster, services.scheduler, services.service
+    if cluster is None or scheduler is None or service is None or cluster.lease.live_instances() < 2:
+        return False
+    in_flight = await scheduler.stop_and_report(services.settings.cluster.write_timeout_seconds)
+    await service.snapshots.flush()
+    released = await cluster.hand_over(in_flight)
+    log.info(
+        "handed %d card(s) over (%d with a write in flight wait out its timeout)", released, len(in_flight)
+    )
+    return True
