@@ -1,4 +1,4 @@
-"""Print constraints.txt: the installed versions of feishu-progress[dev,lark,cluster] and everything they need.
+"""Write constraints.txt to stdout: the installed feishu-progress[dev,lark,cluster] and all it needs.
 
 Run in an environment where the tests just passed (``pip install -e ".[dev]"`` then ``pytest``), so the pins
 are a set known to work; CI and the Dockerfile install with ``-c constraints.txt``.
@@ -6,8 +6,9 @@ are a set known to work; CI and the Dockerfile install with ``-c constraints.txt
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import re
+import sys
+from importlib import metadata
 
 from packaging.requirements import Requirement
 
@@ -45,9 +46,8 @@ def closure() -> dict[str, str]:
 
 
 def main() -> None:
-    print(HEADER)
-    for name, version in sorted(closure().items()):
-        print(f"{name}=={version}")
+    pins = (f"{name}=={version}" for name, version in sorted(closure().items()))
+    sys.stdout.write("\n".join((HEADER, *pins)) + "\n")
 
 
 if __name__ == "__main__":

@@ -558,7 +558,8 @@ class Cluster:
 # --- a runtime playing many tasks through the load balancer ---------------------------------------
 
 RETRYABLE_STATUSES = frozenset({503})  # "our side failed, nothing applied": the runtime API's retry signal
-RETRIES = 20
+RETRY_SECONDS = 15.0  # longer than a takeover after kill -9 may take (10 s)
+RETRY_PAUSE_SECONDS = 0.2
 
 
 @dataclass
@@ -592,15 +593,20 @@ class Workload:
         return runs
 
     async def send(self, task: TaskRun, *events: Mapping[str, Any]) -> None:
-        """One batch, retried while the service answers 503; anything but 202 fails the test."""
-        for _ in range(RETRIES):
+        """One batch, retried while the service answers 503; anything but 202 fails the test.
+
+        A runtime retries a 503 as the API says; while a dead owner's lease runs out (up to the lease,
+        then a takeover) its task's events are refused, so the retries last longer than a takeover may.
+        """
+        deadline = time.monotonic() + RETRY_SECONDS
+        while time.monotonic() < deadline:
             reply = await self.cluster.post_events(task.session_id, *events)
             if reply.status == 202:
                 return
             assert reply.status in RETRYABLE_STATUSES, (task.session_id, reply)
             self.retried += 1
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"task {task.session_id}: events refused {RETRIES} times")
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
+        raise AssertionError(f"task {task.session_id}: events refused for {RETRY_SECONDS} s")
 
     async def step(self, task: TaskRun) -> None:
         """The task's next event."""

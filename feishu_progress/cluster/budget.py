@@ -19,9 +19,19 @@ When Redis errors or does not answer within ``timeout`` seconds, the budget swit
 the ``fp_budget_mode`` gauge), and probes Redis every ``probe_interval`` seconds to switch back. The
 local share is ``progress/rate_budget.py``'s ``AppBudget`` (exact windows held until the answer). It also
 counts this instance's grants while Redis works, so a switch starts from what this instance really
-spent. What the local share cannot know: what the OTHER instances spent just before Redis went away, or
-(after a Redis restart) what was spent before it; within that one window the sum may exceed the budget
-once, and Feishu's 429 then pauses us as usual.
+spent.
+
+The two switches are where the sum could overrun, so each has a rule:
+- **to the local share**: what the OTHER instances were granted just before Redis went away is unknown,
+  so nothing is granted for one short window (+ the arrival jitter) after the switch ("quiet"); after
+  that every grant in a per-second window is a local one, and the local shares add up to the budget.
+- **back to shared** (Redis may have restarted empty): for one probe interval + one short window after
+  the switch a grant needs the local share AND the shared budget ("both"). Every instance probes on the
+  same interval, so by the end of that time no instance is still spending a share Redis cannot see,
+  and the local grants before it have left the window.
+The per-minute window cannot be protected this way without a minute of silence: right after a Redis
+outage the per-minute sum may overrun once when the cluster spent at that cap just before; Feishu's 429
+then pauses every instance as usual (the outage is visible in ``/readyz`` meanwhile).
 """
 
 from __future__ import annotations
@@ -172,6 +182,8 @@ class SharedBudget:
         self._pause = client.register_script(scripts.PAUSE)
         self._refund = client.register_script(scripts.REFUND)
         self._status = BudgetStatus(BudgetMode.SHARED, "", clock.monotonic())
+        self._quiet_until = float("-inf")  # local share: nothing granted before (see module docstring)
+        self._both_until = float("-inf")  # shared again: a grant needs the local share too until then
         self._prober: asyncio.Task[None] | None = None
         self._show_mode()
 
@@ -223,7 +235,7 @@ class SharedBudget:
         started = time.perf_counter()
         if self._status.mode is BudgetMode.SHARED:
             try:
-                attempt = await self._try_shared(api, urgent)
+                attempt = await self._try_shared_after_local(api, urgent)
             except _REDIS_FAILURES as exc:
                 self._fall_back(exc)
                 attempt = self._try_local(api, urgent)
@@ -278,7 +290,20 @@ class SharedBudget:
 
     # -- shared mode ------------------------------------------------------------------------------
 
-    async def _try_shared(self, api: OpenApi, urgent: bool) -> Attempt:
+    async def _try_shared_after_local(self, api: OpenApi, urgent: bool) -> Attempt:
+        """Shared mode; just after a return from the local share, the local share must agree first."""
+        now = self._clock.monotonic()
+        if now >= self._both_until:
+            return await self._try_shared(api, urgent)
+        share = self._local.get(api, now)
+        if not share.try_take(now):  # (a slot the shared budget then refuses is lost: safe)
+            return Attempt(wait=max(share.next_available(now) - now, 0.0))
+        attempt = await self._try_shared(api, urgent, counted=share)
+        if attempt.grant is None:
+            share.settle(self._clock.monotonic())
+        return attempt
+
+    async def _try_shared(self, api: OpenApi, urgent: bool, counted: AppBudget | None = None) -> Attempt:
         short, long = self._windows.short, self._windows.long
         args: list[int | str] = [
             short.interval_us,
@@ -290,16 +315,17 @@ class SharedBudget:
         reply = await self._redis_call(self._take, api, args)
         if int(reply[0]) != 1:
             return Attempt(wait=int(reply[1]) / _MICROS)
-        # Counted in the local share too (when it has room), so a switch to it starts from the truth.
-        share = self._local.get(api, self._clock.monotonic())
-        counted = share.try_take(self._clock.monotonic())
+        if counted is None:
+            # Counted in the local share too (when it has room), so a switch to it starts from the truth.
+            share = self._local.get(api, self._clock.monotonic())
+            counted = share if share.try_take(self._clock.monotonic()) else None
         grant = Grant(
             api=api,
             urgent=urgent,
             mode=BudgetMode.SHARED,
             server_time=int(reply[2]) / _MICROS,
             redis_tats=(_text(reply[3]), _text(reply[4])),
-            local_share=share if counted else None,
+            local_share=counted,
         )
         return Attempt(wait=0.0, grant=grant)
 
@@ -314,6 +340,8 @@ class SharedBudget:
 
     def _try_local(self, api: OpenApi, urgent: bool) -> Attempt:
         now = self._clock.monotonic()
+        if now < self._quiet_until:
+            return Attempt(wait=self._quiet_until - now)
         share = self._local.get(api, now)
         if share.try_take(now):
             grant = Grant(
@@ -326,7 +354,9 @@ class SharedBudget:
         if self._status.mode is BudgetMode.LOCAL_FALLBACK:
             return
         reason = f"Redis failed: {type(exc).__name__}: {exc}"[:200] if str(exc) else type(exc).__name__
-        self._status = BudgetStatus(BudgetMode.LOCAL_FALLBACK, reason, self._clock.monotonic())
+        now = self._clock.monotonic()
+        self._status = BudgetStatus(BudgetMode.LOCAL_FALLBACK, reason, now)
+        self._quiet_until = now + self._one_short_window()
         self._metrics.budget_fallbacks.inc()
         self._show_mode()
         log.warning(
@@ -346,10 +376,16 @@ class SharedBudget:
             except _REDIS_FAILURES as exc:
                 log.debug("shared budget: Redis still out of reach (%s)", exc)
                 continue
-            self._status = BudgetStatus(BudgetMode.SHARED, "", self._clock.monotonic())
+            now = self._clock.monotonic()
+            self._status = BudgetStatus(BudgetMode.SHARED, "", now)
+            self._both_until = now + self._probe_interval + self._timeout + self._one_short_window()
             self._show_mode()
             log.info("shared budget: Redis answers again; back to the shared budget")
             return
+
+    def _one_short_window(self) -> float:
+        """How long a grant counts in the per-second window, arrival jitter included."""
+        return self._tuning.short_window + self._tuning.arrival_jitter
 
     def _show_mode(self) -> None:
         for mode in BudgetMode:

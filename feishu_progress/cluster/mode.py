@@ -16,6 +16,7 @@ What this object does, as the other rooms see it:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime.service import Claim, TaskService
-from feishu_progress.waiting import Stopper
+from feishu_progress.waiting import Stopper, event_or_timeout
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ TAKEOVER_SCAN_SECONDS = 1.0
 NUDGE_CHANNEL = "fp:actions"
 DEDUPE_PREFIX = "fp:callback"
 REDIS_RETRY_SECONDS = 1.0
+SCAN_NOW = "scan"  # a nudge: cards were handed over, look for orphans at once
 
 
 class ClusterMode:
@@ -76,6 +78,7 @@ class ClusterMode:
         )
         self.service: TaskService | None = None
         self._redis_problem: str | None = None
+        self._scan_now = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class ClusterMode:
         quiet = [t.session_id for t in self.service.registry if t.card.message_id not in in_flight]
         await self.owners.release(quiet)
         await self.lease.drain()
+        await self._publish(SCAN_NOW)  # the others take them now, not at their next scan
         return len(quiet)
 
     async def close(self) -> None:
@@ -176,11 +180,11 @@ class ClusterMode:
 
     def nudge(self, session_id: int) -> None:
         """A click was recorded here: wake the others' long-polls and the card's writer."""
-        self._background.spawn(self._publish(session_id), name="cluster-nudge")
+        self._background.spawn(self._publish(str(session_id)), name="cluster-nudge")
 
-    async def _publish(self, session_id: int) -> None:
+    async def _publish(self, nudge: str) -> None:
         try:
-            await self.redis.publish(NUDGE_CHANNEL, str(session_id))
+            await self.redis.publish(NUDGE_CHANNEL, nudge)
         except (RedisError, OSError, TimeoutError) as exc:  # the 1 s backstops still see it
             self._redis_down(exc)
 
@@ -198,10 +202,11 @@ class ClusterMode:
             await pubsub.subscribe(NUDGE_CHANNEL)
             self._redis_problem = None
             while not stopper.stopping:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                session_id = _nudged_session(message)
-                if session_id is not None:
-                    self._nudged(session_id)
+                nudge = _nudge_text(await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0))
+                if nudge == SCAN_NOW:
+                    self._scan_now.set()
+                elif nudge.isdigit() and len(nudge) <= 18:
+                    self._nudged(int(nudge))
 
     def _nudged(self, session_id: int) -> None:
         assert self.service is not None
@@ -224,8 +229,10 @@ class ClusterMode:
     # -- takeover -----------------------------------------------------------------------------------
 
     async def _scan(self, stopper: Stopper) -> None:
-        while await stopper.pause(TAKEOVER_SCAN_SECONDS):
-            if not self.lease.can_write():
+        while not stopper.stopping:
+            await event_or_timeout(self._scan_now, self._clock, TAKEOVER_SCAN_SECONDS)
+            self._scan_now.clear()
+            if stopper.stopping or not self.lease.can_write():
                 continue
             try:
                 await self._adopt_all(await self.owners.orphans())
@@ -253,14 +260,12 @@ class ClusterMode:
         await self._adopt_all(await self.owners.mine())  # the ones nobody took meanwhile
 
 
-def _nudged_session(message: Mapping[str, Any] | None) -> int | None:
-    """The task id a nudge names (published by ``_publish``); None for anything else on the channel."""
+def _nudge_text(message: Mapping[str, Any] | None) -> str:
+    """What a nudge says (a task id, or SCAN_NOW); "" for no message or anything unreadable."""
     data = None if message is None else message.get("data")
     if isinstance(data, bytes):
         data = data.decode("ascii", "replace")
-    if not isinstance(data, str) or not data.isascii() or not data.isdigit() or len(data) > 18:
-        return None
-    return int(data)
+    return data if isinstance(data, str) and data.isascii() else ""
 
 
 def advertise_url(settings: Settings) -> str:

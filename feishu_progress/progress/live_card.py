@@ -165,10 +165,10 @@ class LiveCard:
         if self._state.status is TaskStatus.RUNNING:
             self._touch(urgent=False)
 
-    def resend(self) -> None:
+    def resend(self, *, urgent: bool = False) -> None:
         """Send the newest state again though nothing changed: after a restart or a takeover, what Feishu
         shows may be older than what was saved (or newer, from a writer that is gone)."""
-        self._touch(urgent=self.is_terminal)
+        self._touch(urgent=urgent or self.is_terminal)
 
     def mark_stopped(self, reason: str) -> None:
         """The scheduler will never send this card again (expired, recalled, rejected)."""

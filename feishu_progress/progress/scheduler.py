@@ -128,6 +128,7 @@ class _Slot:
     flight_version: int = 0
     urgent: bool = False
     flight_urgent: bool = False
+    sending: bool = False  # the request itself is out (past the build and the gate)
     waiting_since: float | None = None  # oldest undelivered change outside the flight
     flight_waiting_since: float | None = None
     next_start: float = -math.inf
@@ -210,10 +211,11 @@ class DeliveryScheduler:
         await self._flights.cancel_all()
 
     async def stop_and_report(self, wait_seconds: float) -> set[str]:
-        """Stop launching, give the writes in flight ``wait_seconds`` to end, cancel the rest: their ids.
+        """Stop launching, give the requests out ``wait_seconds`` to end, cancel the rest: their ids.
 
-        A hand-over (cluster mode) releases every other card at once; a cancelled write may still land
+        A hand-over (cluster mode) releases every other card at once; a cancelled request may still land
         at Feishu, so its card is left for the next writer to take as from a dead owner (it waits first).
+        Flights still building or waiting for the budget are cancelled at once: nothing of theirs left.
         """
         if self._dispatcher is not None:
             self._dispatcher.cancel()
@@ -228,7 +230,7 @@ class DeliveryScheduler:
         return still_flying
 
     def _in_flight(self) -> set[str]:
-        return {message_id for message_id, slot in self._slots.items() if slot.in_flight}
+        return {message_id for message_id, slot in self._slots.items() if slot.sending}
 
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""
@@ -452,15 +454,20 @@ class DeliveryScheduler:
         a grant as arriving at Feishu within a few tens of milliseconds, which a build (it may wait
         for the subagent query) would not keep.
         """
-        if self.gate is None:
-            return await self._patch(slot.card.message_id, card)
-        grant = await self.gate.enter("patch", urgent=slot.flight_urgent or slot.card.is_terminal)
-        if grant is None:
+        grant = (
+            None
+            if self.gate is None
+            else await self.gate.enter("patch", urgent=slot.flight_urgent or slot.card.is_terminal)
+        )
+        if self.gate is not None and grant is None:
             return None
+        slot.sending = True
         try:
             return await self._patch(slot.card.message_id, card)
         finally:
-            self.gate.leave(grant)
+            slot.sending = False
+            if self.gate is not None and grant is not None:
+                self.gate.leave(grant)
 
     async def _patch(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
         try:

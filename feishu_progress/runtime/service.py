@@ -114,7 +114,9 @@ class TaskService:
         if claim is not None and claim.hold > 0:
             self.scheduler.hold(task.card, claim.hold)
         if claim is not None or not state.status.is_terminal:
-            task.card.resend()  # what Feishu shows may predate the saved state, or come from a gone writer
+            # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
+            # first write goes ahead of ordinary updates (as a final would).
+            task.card.resend(urgent=claim is not None)
         return task
 
     async def _replay_actions(self, state: TaskState) -> bool:
