@@ -252,3 +252,42 @@ async def test_a_bearer_token_that_is_not_utf8_is_401_not_5xx(tmp_path: Path, ai
     host, port = admin_url.removeprefix("http://").rsplit(":", 1)
     admin_status = await _raw_get(host, int(port), "/admin/cards", b"Bearer \xff\xfe\xc3")
     assert admin_status.split()[1] == b"401"
+
+
+# -- 10: runtime-supplied strings cannot forge log lines ---------------------------------------------
+
+
+async def test_strings_from_runtimes_and_clicks_are_logged_quoted(
+    sandbox_client: TestClient[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "x\n2026-12-01 00:00:00,000 ERROR   feishu_progress: FORGED"
+    settings = sandbox_client.server.app[SERVICES].settings
+    assert settings.feishu.encrypt_key is not None and settings.feishu.verification_token is not None
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+    created = await (await sandbox_client.post("/v1/tasks", json=body)).json()
+    session_id = created["session_id"]
+
+    async def click(open_id: str, value: dict[str, Any]) -> None:
+        payload = card_action_payload(
+            open_id=open_id,
+            message_id=created["message_id"],
+            value={"v": 1, "session_id": session_id, **value},
+            verification_token=settings.feishu.verification_token.get_secret_value(),  # type: ignore[union-attr]
+            now=time.time(),
+        )
+        raw, headers = signed_request(
+            payload,
+            encrypt_key=settings.feishu.encrypt_key.get_secret_value(),  # type: ignore[union-attr]
+            now=time.time(),
+        )
+        answer = await sandbox_client.post("/feishu/callback", data=raw, headers=headers)
+        assert answer.status == 200
+
+    with caplog.at_level("INFO"):
+        unknown_subagent = {"type": "subagent_round", "task_id": forged, "round": 2}
+        await sandbox_client.post(f"/v1/tasks/{session_id}/events", json={"events": [unknown_subagent]})
+        await click("ou_someone_else", {"action": "cancel"})  # not the requester: refused, logged
+    logged = [record.getMessage() for record in caplog.records if record.name.startswith("feishu_progress")]
+    assert any("not the requester" in line for line in logged), logged
+    assert any("unknown task_id" in line for line in logged), logged
+    assert not [line for line in logged if "\n" in line], logged

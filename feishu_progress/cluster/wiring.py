@@ -114,7 +114,7 @@ async def _forward(services: Services, request: web.Request, elsewhere: OwnedEls
         forwarded: web.StreamResponse = await services.cluster.forwarder.request(request, elsewhere.address)
         return forwarded
     except ForwardFailed as exc:
-        log.warning("forwarding %s to %s failed: %s", request.path, elsewhere.owner, exc)
+        log.warning("forwarding %r to %s failed: %s", request.path, elsewhere.owner, exc)
         raise HttpError(
             503, "unavailable", "the card's writer did not answer; retry", retry_after=1
         ) from None

@@ -86,10 +86,10 @@ class CallbackPipeline:
         try:
             duplicate = await is_duplicate(self._deduper, event)
         except Exception:
-            log.exception("callback deduper failed for %s", event.event_id)
+            log.exception("callback deduper failed for %r", event.event_id)
             return ERROR_REPLY
         if duplicate:
-            log.info("card action %s is a duplicate: no action", event.event_id)
+            log.info("card action %r is a duplicate: no action", event.event_id)
             return DUPLICATE_REPLY
         task = self._background.spawn(self._handle(event), name=f"card-action-{event.event_id[:64]}")
         # The deadline ends our wait, never the handler: asyncio.wait cancels neither task.
@@ -100,7 +100,7 @@ class CallbackPipeline:
             timer.cancel()
         if task.done() and not task.cancelled():
             return task.result()
-        log.error("card action handler exceeded %.1f s for %s", self.reply_timeout, event.event_id)
+        log.error("card action handler exceeded %.1f s for %r", self.reply_timeout, event.event_id)
         return ERROR_REPLY
 
     async def _handle(self, event: CardActionEvent) -> CallbackReply:
@@ -108,5 +108,5 @@ class CallbackPipeline:
         try:
             return await self._handler.handle(event)
         except Exception:
-            log.exception("card action handler failed for %s", event.event_id)
+            log.exception("card action handler failed for %r", event.event_id)
             return ERROR_REPLY

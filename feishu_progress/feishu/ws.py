@@ -110,21 +110,21 @@ class WsCallbackBridge:
         try:
             event = event_from_payload(payload)
         except CallbackRejected as rejected:
-            log.warning("ws card action rejected: %s", rejected.reason)
+            log.warning("ws card action rejected: %r", rejected.reason)
             return self._pipeline.error_body()
         answer = self._pipeline.answer(event)
         try:
             future = asyncio.run_coroutine_threadsafe(answer, self._loop)
         except RuntimeError:  # the service loop is closed: shutting down
             answer.close()
-            log.error("card action %s arrived after the service loop closed", event.event_id)
+            log.error("card action %r arrived after the service loop closed", event.event_id)
             return self._pipeline.error_body()
         try:
             return future.result(timeout=self._wait)
         except concurrent.futures.TimeoutError:
-            log.error("service loop did not answer card action %s within %.1f s", event.event_id, self._wait)
+            log.error("service loop did not answer card action %r within %.1f s", event.event_id, self._wait)
         except Exception:  # the pipeline never raises; a cancelled hand-over does
-            log.exception("card action %s could not be answered on the service loop", event.event_id)
+            log.exception("card action %r could not be answered on the service loop", event.event_id)
         return self._pipeline.error_body()
 
 

@@ -122,7 +122,7 @@ class CardActions:
         if task.card.stopped_reason is not None:  # past the 14-day window, recalled or deleted
             return _toast("info", "card.toast.expired")
         if not self._may_act(task.state, event):
-            log.info("click %s on task %s refused: not the requester", click.action, click.session_id)
+            log.info("click %r on task %s refused: not the requester", click.action, click.session_id)
             return _toast("error", "card.toast.not_requester", task.card.render_current())
         async with task.lock:
             return await self._decide_and_apply(task, click, event)
@@ -132,7 +132,7 @@ class CardActions:
         try:
             return CallbackReply(rendered=await self.remote.click(address, event))
         except ForwardFailed as exc:  # the owner is paused or dying: this instance records the click
-            log.warning("the owner of task %s did not take the click (%s)", click.session_id, exc)
+            log.warning("the owner of task %s did not take the click (%r)", click.session_id, exc)
             return await self._record_only(click, event)
 
     async def _record_only(self, click: Click, event: CardActionEvent) -> CallbackReply:
@@ -150,7 +150,7 @@ class CardActions:
             try:
                 await self._action_log.record(self._action(state.session_id, decision, event))
             except Exception as exc:
-                log.warning("click %s on task %s not recorded: %s", click.action, click.session_id, exc)
+                log.warning("click %r on task %s not recorded: %r", click.action, click.session_id, exc)
                 return _toast("error", "card.toast.error")
         return _toast(decision.toast_type, decision.toast_key)
 
@@ -183,7 +183,7 @@ class CardActions:
         try:
             recorded = await self._action_log.record(self._action(task.session_id, decision, event))
         except Exception as exc:
-            log.warning("click %s on task %s not recorded: %s", click.action, task.session_id, exc)
+            log.warning("click %r on task %s not recorded: %r", click.action, task.session_id, exc)
             return _toast("error", "card.toast.error")
         if recorded.id > task.state.actions_applied:  # a redelivery racing the first: applied once
             decision.apply(task.state)
@@ -230,7 +230,7 @@ def _answers(state: TaskState, click: Click, event: CardActionEvent) -> Decision
     try:
         answers = decode_form_answers(ask, event.form_value, ask_index=list(state.pending_asks).index(ask_id))
     except ValueError as exc:
-        log.info("answers to ask %r of task %s refused: %s", ask_id, state.session_id, exc)
+        log.info("answers to ask %r of task %s refused: %r", ask_id, state.session_id, exc)
         return Decision("error", "card.toast.invalid_answer")
     payload = {
         "ask_id": ask_id,

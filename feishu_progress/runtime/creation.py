@@ -129,7 +129,7 @@ class TaskCreator:
         return CreatedTask(state.session_id, message_id)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
-        log.warning("first card of task %s could not be sent: %s", session_id, exc)
+        log.warning("first card of task %s could not be sent: %r", session_id, exc)
         if key is not None:
             return  # kept: a retry with the same key resumes it with the same uuid
         try:

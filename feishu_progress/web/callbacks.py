@@ -52,7 +52,7 @@ class CallbackEndpoint:
         try:
             return await self._respond(request)
         except CallbackRejected as rejected:
-            log.info("feishu callback rejected: %s %s", rejected.status, rejected.reason)
+            log.info("feishu callback rejected: %s %r", rejected.status, rejected.reason)
             return json_error(rejected.status, "callback_rejected", rejected.reason)
         except HttpError as refused:  # the body itself: type, size, time
             log.info("feishu callback refused: %s %s", refused.status, refused.code)

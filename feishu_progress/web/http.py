@@ -76,10 +76,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
     except FeishuProgressError as exc:
-        log.warning("%s %s failed: %s", request.method, request.path, type(exc).__name__)
+        log.warning("%s %r failed: %s", request.method, request.path, type(exc).__name__)
         return unavailable("Feishu or the database did not answer; retry later")
     except Exception:
-        log.exception("%s %s failed", request.method, request.path)
+        log.exception("%s %r failed", request.method, request.path)
         return unavailable("the service could not complete the request; retry later")
 
 
