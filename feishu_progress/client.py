@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -191,9 +192,10 @@ class FeishuProgressClient:
         accepted = 0
         for start in range(0, len(batch), MAX_EVENTS_PER_BATCH):
             chunk = batch[start : start + MAX_EVENTS_PER_BATCH]
-            answer = await self._call(
-                _Request("POST", f"/v1/tasks/{session_id}/events", json={"events": chunk})
-            )
+            # One key per batch, the same on each retry: a retry after a lost answer is applied once.
+            headers = {"Idempotency-Key": f"fpc-{uuid.uuid4().hex}"}
+            path = f"/v1/tasks/{session_id}/events"
+            answer = await self._call(_Request("POST", path, json={"events": chunk}, headers=headers))
             accepted += EventsAccepted.model_validate(answer).accepted
         return accepted
 

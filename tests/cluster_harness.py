@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -510,10 +511,11 @@ class Cluster:
         assert reply.status == 201, reply.body
         return int(reply.body["session_id"]), str(reply.body["message_id"])
 
-    async def post_events(self, session_id: int, *events: Mapping[str, Any]) -> Reply:
-        """One batch of events through the load balancer."""
+    async def post_events(self, session_id: int, *events: Mapping[str, Any], key: str | None = None) -> Reply:
+        """One batch of events through the load balancer (``key``: its Idempotency-Key)."""
         path = f"/v1/tasks/{session_id}/events"
-        return await self.call("POST", path, json={"events": list(events)}, headers=self.api_headers())
+        headers = self.api_headers() | ({"Idempotency-Key": key} if key is not None else {})
+        return await self.call("POST", path, json={"events": list(events)}, headers=headers)
 
     async def actions(self, session_id: int, after: int = 0) -> dict[str, Any]:
         """The task's action log, read from a random instance."""
@@ -599,8 +601,9 @@ class Workload:
         then a takeover) its task's events are refused, so the retries last longer than a takeover may.
         """
         deadline = time.monotonic() + RETRY_SECONDS
+        key = uuid.uuid4().hex  # one per batch, the same on its retries (as feishu_progress.client does)
         while time.monotonic() < deadline:
-            reply = await self.cluster.post_events(task.session_id, *events)
+            reply = await self.cluster.post_events(task.session_id, *events, key=key)
             if reply.status == 202:
                 return
             assert reply.status in RETRYABLE_STATUSES, (task.session_id, reply)

@@ -243,3 +243,37 @@ def test_the_first_card_uuid_of_a_key_fits_feishu() -> None:
     uuid = first_card_uuid(1, long_key)
     assert len(uuid) <= 50 and uuid == first_card_uuid(2, long_key)  # the key, not the row, decides
     assert uuid != first_card_uuid(1, long_key[:-1] + "j")
+
+
+async def test_a_batch_sent_again_with_its_key_is_applied_once(client: Client, db: Database) -> None:
+    """A runtime whose 202 got lost (or that got a 503 from an instance that had forwarded the batch to
+    a writer that applied it) sends the batch again with the same Idempotency-Key."""
+    status, answer = await create(client, create_body())
+    assert status == 201, answer
+    session_id, _ = created(answer)
+    path = f"/v1/tasks/{session_id}/events"
+
+    async def send(text: str, key: str | None) -> dict[str, Any]:
+        headers = {**AUTH, **({"Idempotency-Key": key} if key is not None else {})}
+        events = {"events": [{"type": "content_delta", "text": text}]}
+        response = await client.post(path, json=events, headers=headers)
+        assert response.status == 202
+        accepted: dict[str, Any] = await response.json()
+        return accepted
+
+    assert await send("甲", "batch-1") == {"accepted": 1}
+    assert await send("甲", "batch-1") == {"accepted": 1}  # answered as the first time, not applied
+    await send("乙", "batch-2")
+    await send("丙", None)
+    await send("丙", None)  # without a key a repeat is a new batch
+    view = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert "甲乙丙丙" in json.dumps(view["card"], ensure_ascii=False)
+    assert "甲甲" not in json.dumps(view["card"], ensure_ascii=False)
+    # Remembered in the saved state (the periodic save): an instance taking the task over knows it.
+    for _ in range(100):
+        saved = await TaskRepository(db).get(session_id)
+        if saved is not None and saved.snapshot is not None and "甲乙丙丙" in saved.snapshot:
+            break
+        await asyncio.sleep(0.05)
+    assert saved is not None and saved.snapshot is not None
+    assert len(json.loads(saved.snapshot)["applied_batches"]) == 2

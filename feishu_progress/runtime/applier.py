@@ -24,6 +24,7 @@ from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
+from feishu_progress.runtime.state import batch_digest
 from feishu_progress.runtime.task import Task
 from feishu_progress.subagents.manager import SubagentManager
 
@@ -61,14 +62,24 @@ class EventApplier:
         self._metrics = metrics
         self.durable = False  # cluster mode: save every batch before answering
 
-    async def apply(self, task: Task, batch: ev.EventBatch) -> int:
-        """Apply a validated batch in order; returns how many events were applied."""
+    async def apply(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None) -> int:
+        """Apply a validated batch in order; returns how many events were applied.
+
+        A batch sent again with the same ``idempotency_key`` (a retry after an answer that was lost, or
+        after a 503 from an instance that forwarded it to a writer that applied it) is answered as the
+        first time and not applied again.
+        """
         async with task.lock:
             state = task.state
+            digest = None if idempotency_key is None else batch_digest(idempotency_key)
+            if digest is not None and digest in state.applied_batches:
+                return len(batch.events)
             state.check_batch(batch.events)
             before = state.status
             for event in batch.events:
                 await self._apply_one(task, event)
+            if digest is not None:
+                state.remember_batch(digest)
             state.end_batch(self._clock.wall())
             self._metrics.events.inc(len(batch.events))
             task.sync_card(urgent=state.status.is_terminal)

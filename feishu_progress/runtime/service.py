@@ -150,9 +150,11 @@ class TaskService:
             raise UnknownTask(session_id)
         return task
 
-    async def apply_events(self, session_id: int, batch: ev.EventBatch) -> int:
+    async def apply_events(
+        self, session_id: int, batch: ev.EventBatch, idempotency_key: str | None = None
+    ) -> int:
         """Apply a validated batch in order (TaskConflict after the task finished); returns how many."""
-        return await self.applier.apply(await self.require(session_id), batch)
+        return await self.applier.apply(await self.require(session_id), batch, idempotency_key)
 
     async def add_image(self, session_id: int, data: bytes) -> ImageUploaded:
         """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.

@@ -14,6 +14,7 @@ runtime can send megabytes and a process holds thousands of tasks:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ CONTENT_KEEP_CHARS = 50_000
 MAX_TOOLS_KEPT = 50
 MAX_PENDING = 10
 MAX_REMEMBERED_IDS = 200
+# Batches a repeat is recognised for: a runtime retries its newest batch, never one 64 batches back
+# (≈ 2.2 KB of snapshot).
+MAX_REMEMBERED_BATCHES = 64
 MAX_IMAGE_KEYS = 100  # images a card can name (uploaded by the runtime, or from tool results)
 UPLOADED_IMAGE_PREFIX = "fpimg:"
 SNAPSHOT_VERSION = 2
@@ -45,10 +49,15 @@ SNAPSHOT_VERSION = 2
 _CLEARED_BY_RUNNING = frozenset({Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.DENIED})
 
 
-def _remember(ids: dict[str, None], new_id: str) -> None:
-    """An insertion-ordered set that forgets its oldest ids past MAX_REMEMBERED_IDS."""
+def batch_digest(idempotency_key: str) -> str:
+    """What a state keeps of a batch's Idempotency-Key (up to 255 characters): 32 hex digits."""
+    return hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()[:32]
+
+
+def _remember(ids: dict[str, None], new_id: str, keep: int = MAX_REMEMBERED_IDS) -> None:
+    """An insertion-ordered set that forgets its oldest ids past ``keep``."""
     ids[new_id] = None
-    while len(ids) > MAX_REMEMBERED_IDS:
+    while len(ids) > keep:
         del ids[next(iter(ids))]
 
 
@@ -83,6 +92,8 @@ class TaskState:
     finished_at: float | None = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
     actions_applied: int = 0  # the last action-log id whose effect this state carries
+    # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
+    applied_batches: dict[str, None] = field(default_factory=dict)
     fence: int = 0  # cluster mode: the ownership epoch this process holds the card at (task_card.fence)
 
     # ----------------------------------------------------------------- events
@@ -231,6 +242,10 @@ class TaskState:
     def set_disliked(self, disliked: bool) -> None:
         self.disliked = disliked
 
+    def remember_batch(self, digest: str) -> None:
+        """A batch with this Idempotency-Key digest was applied (``batch_digest``)."""
+        _remember(self.applied_batches, digest, MAX_REMEMBERED_BATCHES)
+
     def answer(self, ask_id: str) -> None:
         """The requester answered ``ask_id``: it leaves the form and is never accepted twice."""
         self.pending_asks.pop(ask_id, None)
@@ -317,6 +332,7 @@ class TaskState:
             "image_keys": dict(self.image_keys),
             "finished_at": self.finished_at,
             "actions_applied": self.actions_applied,
+            "applied_batches": list(self.applied_batches),
         }
 
     def to_snapshot(self) -> str:
@@ -359,6 +375,7 @@ class TaskState:
         finished_at = data.get("finished_at")
         self.finished_at = float(finished_at) if isinstance(finished_at, int | float) else None
         self.actions_applied = _int(data.get("actions_applied"))
+        self.applied_batches = dict.fromkeys(map(str, data.get("applied_batches") or []))
 
 
 def dump_snapshot(snapshot: dict[str, Any]) -> str:

@@ -82,9 +82,10 @@ class RuntimeApi:
 
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
+        key = _idempotency_key(request)
         try:
             batch = parse_model(EventBatch, await read_json(request, limit=MAX_EVENT_BODY))
-            applied = await self.service.apply_events(session_id, batch)
+            applied = await self.service.apply_events(session_id, batch, key)
         except EventRejected as exc:
             raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
         except UnknownTask:

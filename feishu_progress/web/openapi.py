@@ -172,8 +172,10 @@ def _parameters() -> dict[str, Any]:
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
-            "description": "Makes the create safe to repeat: the same key answers the same task (and a "
-            "create whose first card failed resumes with the same Feishu dedupe uuid).",
+            "description": "Makes the request safe to repeat. A create: the same key answers the same "
+            "task (and a create whose first card failed resumes with the same Feishu dedupe uuid). A batch "
+            "of events: the same key on the same task is answered again without applying it twice (the "
+            "task remembers its last 64 batch keys); send a new key per batch and the same one on a retry.",
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS},
         },
         "After": {
@@ -298,8 +300,9 @@ def _post_events() -> dict[str, Any]:
         "tags": ["tasks"],
         "summary": "Apply a batch of events, in order",
         "description": "The batch is validated whole first: a rejected batch changes nothing. "
-        "Consecutive `content_delta`s may be sent as one (the client coalesces them).",
-        "parameters": [_ref("SessionId", "parameters")],
+        "Consecutive `content_delta`s may be sent as one (the client coalesces them). With an "
+        "`Idempotency-Key` a retried batch is applied once, whichever instance the retry reaches.",
+        "parameters": [_ref("SessionId", "parameters"), _ref("IdempotencyKey", "parameters")],
         "requestBody": {
             "required": True,
             "content": {JSON: {"schema": _ref("EventBatch"), "examples": ex.EVENT_BATCH_EXAMPLES}},
