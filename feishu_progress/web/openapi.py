@@ -443,41 +443,44 @@ def _get_openapi() -> dict[str, Any]:
     }
 
 
-def _feishu_callback() -> dict[str, Any]:
-    statuses = {
-        "400": ("A malformed callback.", ("malformed", "callback_rejected", "missing field event.action")),
-        "401": (
-            "A missing or wrong signature, or verification token.",
-            ("bad_signature", "callback_rejected", "invalid signature"),
-        ),
-        "403": (
-            "A timestamp outside the replay window.",
-            ("stale", "callback_rejected", "stale X-Lark-Request-Timestamp: outside the 300 s window"),
-        ),
-        "408": (
-            "The body did not arrive in time.",
-            ("body_timeout", "body_timeout", "the body did not arrive within 10 s"),
-        ),
-        "413": (
-            "The body is over FP_CALLBACK__MAX_BODY_BYTES.",
-            ("too_large", "body_too_large", "the body is over 1048576 bytes"),
-        ),
-        "415": (
-            "The body is not application/json.",
-            ("not_json", "unsupported_media_type", "send application/json"),
-        ),
-    }
-    answers = {
-        "toast_and_card": {
-            "toast": {
-                "type": "success",
-                "content": "回答已提交",
-                "i18n": {"zh_cn": "回答已提交", "en_us": "Answers submitted"},
-            },
-            "card": {"type": "raw", "data": {"schema": "2.0", "body": {"elements": []}}},
+# What the callback endpoint refuses, by status: (description, (example name, error code, message)).
+_CALLBACK_REFUSALS = {
+    "400": ("A malformed callback.", ("malformed", "callback_rejected", "missing field event.action")),
+    "401": (
+        "A missing or wrong signature, or verification token.",
+        ("bad_signature", "callback_rejected", "invalid signature"),
+    ),
+    "403": (
+        "A timestamp outside the replay window.",
+        ("stale", "callback_rejected", "stale X-Lark-Request-Timestamp: outside the 300 s window"),
+    ),
+    "408": (
+        "The body did not arrive in time.",
+        ("body_timeout", "body_timeout", "the body did not arrive within 10 s"),
+    ),
+    "413": (
+        "The body is over FP_CALLBACK__MAX_BODY_BYTES.",
+        ("too_large", "body_too_large", "the body is over 1048576 bytes"),
+    ),
+    "415": (
+        "The body is not application/json.",
+        ("not_json", "unsupported_media_type", "send application/json"),
+    ),
+}
+_CALLBACK_ANSWERS = {
+    "toast_and_card": {
+        "toast": {
+            "type": "success",
+            "content": "回答已提交",
+            "i18n": {"zh_cn": "回答已提交", "en_us": "Answers submitted"},
         },
-        "url_check": {"challenge": "ajls384kdjx98XX"},
-    }
+        "card": {"type": "raw", "data": {"schema": "2.0", "body": {"elements": []}}},
+    },
+    "url_check": {"challenge": "ajls384kdjx98XX"},
+}
+
+
+def _feishu_callback() -> dict[str, Any]:
     return {
         "operationId": "feishuCallback",
         "tags": ["feishu"],
@@ -486,38 +489,28 @@ def _feishu_callback() -> dict[str, Any]:
         "developer console. Signed (X-Lark-Signature over the raw body), encrypted when an Encrypt Key is "
         "set, answered within Feishu's 3-second deadline. Only in webhook mode (FP_FEISHU__MODE=webhook).",
         "security": [],
-        "requestBody": {
-            "required": True,
-            "content": {
-                JSON: {
-                    "schema": {
-                        "oneOf": [
-                            _ref("EncryptedCallback"),
-                            {
-                                "type": "object",
-                                "description": "A plain (unencrypted) callback or url_verification.",
-                            },
-                        ]
-                    }
-                }
-            },
-        },
+        "requestBody": {"required": True, "content": {JSON: {"schema": _callback_body_schema()}}},
         "responses": {
             "200": {
                 "description": "A toast and the card, or the URL check's challenge.",
                 "content": {
                     JSON: {
                         "schema": {"anyOf": [_ref("CallbackAnswer"), _ref("UrlVerificationAnswer")]},
-                        "examples": _examples(answers),
+                        "examples": _examples(_CALLBACK_ANSWERS),
                     }
                 },
             },
             **{
                 status: _error(text, (name, code, message, {}))
-                for status, (text, (name, code, message)) in statuses.items()
+                for status, (text, (name, code, message)) in _CALLBACK_REFUSALS.items()
             },
         },
     }
+
+
+def _callback_body_schema() -> dict[str, Any]:
+    plain = {"type": "object", "description": "A plain (unencrypted) callback or url_verification."}
+    return {"oneOf": [_ref("EncryptedCallback"), plain]}
 
 
 def _paths() -> dict[str, Any]:
