@@ -105,12 +105,18 @@ def _text(value: Any) -> str:
 
 
 def connect(url: str, timeout: float) -> aioredis.Redis:
-    """A client for the delivery path: short socket timeouts and no retries (the fallback is the retry)."""
+    """A client for the delivery path: short socket timeouts, one immediate retry on a new connection.
+
+    The retry is for a pooled connection Redis closed (after a Redis restart every pooled connection
+    fails once): falling back for that alone would put one instance on its local share while the
+    others still spend the shared budget — and the local share is only safe when all fall back
+    together. A Redis that is really gone fails the retry too (within the same timeout).
+    """
     return aioredis.Redis.from_url(
         url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
+        retry=Retry(NoBackoff(), 1),
     )
 
 

@@ -51,6 +51,7 @@ class LeaseKeeper:
         self._settings = settings
         self._clock = clock
         self._deadline = -1.0
+        self._renewed_deadline = -1.0  # a renewal's deadline held back after a lapse (``renew``)
         self._live = 1
         self.lost = 0  # how many times this instance found its lease gone (paused, partitioned)
 
@@ -91,7 +92,11 @@ class LeaseKeeper:
         await self._count_live()
 
     async def renew(self) -> bool:
-        """Extend the lease; False when the local deadline had already passed (the lease may be lost)."""
+        """Extend the lease; False when the local deadline had already passed (the lease may be lost).
+
+        Then writing stays off (``resume_writing``) until the caller has dropped the cards the others
+        may have taken meanwhile: a write queued before the lapse must not slip out in between.
+        """
         sent = self._clock.monotonic()
         was_valid = self.can_write()
         lease = self._settings.lease_seconds
@@ -103,10 +108,18 @@ class LeaseKeeper:
             )
         if result.rowcount == 0:
             await self.acquire()  # the row was removed (a peer's cleanup): this is a fresh start
+            self._renewed_deadline, self._deadline = self._deadline, -1.0  # held until cards are dropped
             return False
-        self._deadline = sent + lease - SAFETY_MARGIN_SECONDS
+        if was_valid:
+            self._deadline = sent + lease - SAFETY_MARGIN_SECONDS
+        else:
+            self._renewed_deadline = sent + lease - SAFETY_MARGIN_SECONDS
         await self._count_live()
         return was_valid
+
+    def resume_writing(self) -> None:
+        """After a lapse: the lost cards are dropped, writes may start again (until the renewed deadline)."""
+        self._deadline = max(self._deadline, self._renewed_deadline)
 
     async def _count_live(self) -> None:
         async with self._db.engine.connect() as connection:
@@ -126,6 +139,7 @@ class LeaseKeeper:
                         self.instance_id,
                     )
                     await on_lost()
+                    self.resume_writing()
             except Exception as exc:  # the deadline runs out on its own: writes stop in time
                 log.warning(
                     "lease heartbeat failed: %s (%.1f s of lease left)", type(exc).__name__, self.seconds_left

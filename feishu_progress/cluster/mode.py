@@ -70,6 +70,7 @@ class ClusterMode:
             clock=clock,
             live_instances=self.lease.live_instances,
             metrics=metrics,
+            probe_interval=REDIS_RETRY_SECONDS,  # back to one shared budget soon after Redis is
         )
         self.forwarder = Forwarder(
             settings.instance_id,

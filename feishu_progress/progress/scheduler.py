@@ -129,6 +129,7 @@ class _Slot:
     urgent: bool = False
     flight_urgent: bool = False
     sending: bool = False  # the request itself is out (past the build and the gate)
+    dropped: bool = False  # another instance writes the card now: a flight still under way sends nothing
     waiting_since: float | None = None  # oldest undelivered change outside the flight
     flight_waiting_since: float | None = None
     next_start: float = -math.inf
@@ -258,8 +259,11 @@ class DeliveryScheduler:
         slot.next_start = max(slot.next_start, self._clock.monotonic() + seconds)
 
     def drop(self, message_id: str) -> None:
-        """Forget a card this instance no longer writes (taken by another instance); a flight still ends."""
-        self._slots.pop(message_id, None)
+        """Forget a card this instance no longer writes (taken by another instance); a flight that has
+        not sent yet sends nothing."""
+        slot = self._slots.pop(message_id, None)
+        if slot is not None:
+            slot.dropped = True
 
     def pending_message_ids(self) -> list[str]:
         """Messages with a state not yet delivered (in flight or waiting)."""
@@ -460,6 +464,10 @@ class DeliveryScheduler:
             else await self.gate.enter("patch", urgent=slot.flight_urgent or slot.card.is_terminal)
         )
         if self.gate is not None and grant is None:
+            return None
+        if slot.dropped:  # taken by another instance while this flight waited
+            if self.gate is not None and grant is not None:
+                self.gate.leave(grant)
             return None
         slot.sending = True
         try:
