@@ -6,8 +6,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import func, select
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
 from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution
 from feishu_progress.db.repo import (
@@ -219,6 +221,40 @@ async def test_start_is_idempotent_per_parent_and_task_ref(db: Database) -> None
     async with db.session() as session:
         assert await session.scalar(select(func.count()).select_from(SubagentExecution)) == 3
         assert await session.scalar(select(func.count()).select_from(SessionRow)) == 3  # no orphan child
+
+
+async def test_subagent_writes_of_many_tasks_share_transactions(db: Database) -> None:
+    """The running service's repository group-commits: a burst of starts and finishes across tasks costs a
+    few transactions, each caller still gets its own answer (and its own error)."""
+    background = BackgroundTasks()
+    subagents = SubagentRepository(db, background)
+    commits = 0
+
+    def counted(*_: object) -> None:
+        nonlocal commits
+        commits += 1
+
+    sqlalchemy_event.listen(db.engine.sync_engine, "commit", counted)
+    try:
+        ids = await asyncio.gather(
+            *(start_explorer(subagents, parent=100 + n % 20, ref=f"t{n}") for n in range(60))
+        )
+        again = await asyncio.gather(
+            *(start_explorer(subagents, parent=100 + n % 20, ref=f"t{n}") for n in range(3))
+        )
+        assert again == ids[:3] and len(set(ids)) == 60
+        finishes = [subagents.finish(execution_id, "COMPLETED", 4, T0) for execution_id in ids[:30]]
+        missing = subagents.finish(10**12, "COMPLETED", 1, T0)
+        results = await asyncio.gather(*finishes, missing, return_exceptions=True)
+        assert results[:30] == [None] * 30 and isinstance(results[30], LookupError)
+    finally:
+        sqlalchemy_event.remove(db.engine.sync_engine, "commit", counted)
+    assert commits < 20, f"{commits} transactions for 94 writes"
+    async with db.session() as session:
+        done = await session.scalar(
+            select(func.count()).select_from(SubagentExecution).where(SubagentExecution.status == "COMPLETED")
+        )
+    assert done == 30
 
 
 async def test_concurrent_starts_of_one_task_agree(db: Database) -> None:

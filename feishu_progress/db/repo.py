@@ -15,12 +15,14 @@ from typing import Any
 
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
 from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution, TaskAction, TaskCard
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
 from feishu_progress.errors import TaskConflict, UnknownTask
+from feishu_progress.group_commit import GroupCommit
 
 # VARCHAR(191) keys: longer ones are replaced by a digest, which keeps them unique and indexable.
 MAX_KEY_LENGTH = 191
@@ -323,11 +325,48 @@ class TaskRepository:
         return [_task_record(card, title) for card, title in rows]
 
 
-class SubagentRepository:
-    """Subagent executions and their child sessions."""
+@dataclass(frozen=True, slots=True)
+class SubagentStart:
+    """Create a child session and a RUNNING execution (idempotent on parent + task_ref)."""
 
-    def __init__(self, db: Database) -> None:
+    parent_session_id: int
+    task_ref: str
+    child_external_id: str | None
+    agent_type: str | None
+    title: str | None
+    task_description: str | None
+    invocation: str
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentUpdate:
+    """Change one execution's columns (LookupError when it does not exist)."""
+
+    execution_id: int
+    values: Mapping[str, Any]
+
+
+SubagentWrite = SubagentStart | SubagentUpdate
+# Per write: the execution id (a start), None (an update), or the error that write alone met.
+SubagentWritten = int | None | LookupError
+
+
+class SubagentRepository:
+    """Subagent executions and their child sessions.
+
+    Writes go through a group commit when the repository has a ``background`` task holder (the running
+    service): every start, status change and finish submitted while a transaction runs shares the next
+    one, so a burst of subagent events across many tasks costs a few transactions, not one each
+    (the hot spot on the event path at 1,000 live cards). Each caller still gets its answer only once
+    its write is durable.
+    """
+
+    def __init__(self, db: Database, background: BackgroundTasks | None = None) -> None:
         self._db = db
+        self._commit: GroupCommit[SubagentWrite, SubagentWritten] | None = (
+            None if background is None else GroupCommit(self.write_many, background, name="subagent-rows")
+        )
 
     async def start(  # noqa: PLR0917 - positional order is the documented contract
         self,
@@ -341,55 +380,26 @@ class SubagentRepository:
         now: datetime,
     ) -> int:
         """Create the child session and a RUNNING execution; idempotent on (parent, task_ref)."""
-        _check_ref("task_ref", task_ref)
+        _check_ref("task_ref", task_ref)  # checked here: a bad write never shares a transaction
         _check_ref("child_external_id", child_external_id)
         _check_ref("agent_type", agent_type)
-        invocation = InvocationType(invocation_type).value
-        # No look-up first: a repeated start is rare, and the unique (parent, task_ref) key catches it
-        # below, so the common case costs one transaction instead of two.
-        try:
-            # Core statements, not the ORM unit of work: this runs once per subagent on the event path,
-            # and the ORM flush cost ~10x the SQL itself (profiled at 1000 live cards).
-            async with self._db.engine.begin() as connection:
-                child = await connection.execute(
-                    insert(SessionRow).values(
-                        title=_fit(title, MAX_TITLE_LENGTH),
-                        parent_session_id=parent_session_id,
-                        external_id=child_external_id,
-                    )
-                )
-                execution = await connection.execute(
-                    insert(SubagentExecution).values(
-                        parent_session_id=parent_session_id,
-                        task_ref=task_ref,
-                        child_session_id=_inserted_id(child),
-                        agent_type=agent_type,
-                        task_description=task_description,
-                        status=SubagentStatus.RUNNING.value,
-                        invocation_type=invocation,
-                        total_rounds=0,
-                        started_at=now,
-                    )
-                )
-                return _inserted_id(execution)
-        except IntegrityError:
-            # Lost a race with a concurrent start of the same task: the winner's row is the answer.
-            winner = await self.find(parent_session_id, task_ref)
-            if winner is None:
-                raise
-            return winner
-
-    async def _update(self, execution_id: int, values: Mapping[str, Any]) -> None:
-        async with self._db.engine.begin() as connection:  # Core: see ``start``
-            result = await connection.execute(
-                update(SubagentExecution).where(SubagentExecution.id == execution_id).values(**values)
-            )
-            if result.rowcount == 0:
-                raise LookupError(f"no subagent execution {execution_id}")
+        start = SubagentStart(
+            parent_session_id,
+            task_ref,
+            child_external_id,
+            agent_type,
+            title,
+            task_description,
+            InvocationType(invocation_type).value,
+            now,
+        )
+        execution_id = await self._submit(start)
+        assert isinstance(execution_id, int)
+        return execution_id
 
     async def set_status(self, execution_id: int, status: SubagentStatus | str) -> None:
         """Change the status (RUNNING <-> RECOVERING, or a terminal one without rounds)."""
-        await self._update(execution_id, {"status": SubagentStatus(status).value})
+        await self._submit(SubagentUpdate(execution_id, {"status": SubagentStatus(status).value}))
 
     async def finish(
         self, execution_id: int, status: SubagentStatus | str, total_rounds: int, now: datetime
@@ -400,7 +410,51 @@ class SubagentRepository:
             "total_rounds": total_rounds,
             "finished_at": now,
         }
-        await self._update(execution_id, values)
+        await self._submit(SubagentUpdate(execution_id, values))
+
+    async def _submit(self, write: SubagentWrite) -> int | None:
+        if self._commit is None:
+            (written,) = await self.write_many([write])
+        else:
+            written = await self._commit.submit(write)
+        if isinstance(written, LookupError):
+            raise written
+        return written
+
+    async def write_many(self, writes: Sequence[SubagentWrite]) -> list[SubagentWritten]:
+        """Every write in ONE transaction, in order; per write its result (see ``SubagentWritten``).
+
+        Starts whose (parent, task_ref) exists are answered with the existing id (one query for all). If
+        a concurrent writer elsewhere inserts one meanwhile, the transaction is rolled back and every
+        write is done on its own, as without a group commit.
+        """
+        try:
+            async with self._db.engine.begin() as connection:
+                return await self._write_all(connection, writes)
+        except IntegrityError:
+            if len(writes) == 1 and isinstance(writes[0], SubagentStart):
+                winner = await self.find(writes[0].parent_session_id, writes[0].task_ref)
+                if winner is None:
+                    raise
+                return [winner]  # lost a race with a concurrent start: the winner's row is the answer
+            return [(await self.write_many([write]))[0] for write in writes]
+
+    async def _write_all(
+        self, connection: AsyncConnection, writes: Sequence[SubagentWrite]
+    ) -> list[SubagentWritten]:
+        # Core statements, not the ORM unit of work: this is on the event path, and the ORM flush cost
+        # ~10x the SQL itself (profiled at 1000 live cards).
+        started = await _existing_starts(connection, [w for w in writes if isinstance(w, SubagentStart)])
+        results: list[SubagentWritten] = []
+        for write in writes:
+            if isinstance(write, SubagentStart):
+                key = (write.parent_session_id, write.task_ref)
+                if key not in started:
+                    started[key] = await _insert_start(connection, write)
+                results.append(started[key])
+            else:
+                results.append(await _update_execution(connection, write))
+        return results
 
     async def find(self, parent_session_id: int, task_ref: str) -> int | None:
         """The execution id of ``task_ref`` under the parent, or None."""
@@ -412,6 +466,52 @@ class SubagentRepository:
                 )
             )
         return found
+
+
+async def _existing_starts(
+    connection: AsyncConnection, starts: Sequence[SubagentStart]
+) -> dict[tuple[int, str], int]:
+    if not starts:
+        return {}
+    parents = {start.parent_session_id for start in starts}
+    refs = {start.task_ref for start in starts}
+    rows = await connection.execute(
+        select(SubagentExecution.parent_session_id, SubagentExecution.task_ref, SubagentExecution.id).where(
+            SubagentExecution.parent_session_id.in_(parents), SubagentExecution.task_ref.in_(refs)
+        )
+    )
+    return {(int(parent), str(ref)): int(execution_id) for parent, ref, execution_id in rows}
+
+
+async def _insert_start(connection: AsyncConnection, start: SubagentStart) -> int:
+    child = await connection.execute(
+        insert(SessionRow).values(
+            title=_fit(start.title, MAX_TITLE_LENGTH),
+            parent_session_id=start.parent_session_id,
+            external_id=start.child_external_id,
+        )
+    )
+    execution = await connection.execute(
+        insert(SubagentExecution).values(
+            parent_session_id=start.parent_session_id,
+            task_ref=start.task_ref,
+            child_session_id=_inserted_id(child),
+            agent_type=start.agent_type,
+            task_description=start.task_description,
+            status=SubagentStatus.RUNNING.value,
+            invocation_type=start.invocation,
+            total_rounds=0,
+            started_at=start.now,
+        )
+    )
+    return _inserted_id(execution)
+
+
+async def _update_execution(connection: AsyncConnection, write: SubagentUpdate) -> SubagentWritten:
+    result = await connection.execute(
+        update(SubagentExecution).where(SubagentExecution.id == write.execution_id).values(**write.values)
+    )
+    return None if result.rowcount else LookupError(f"no subagent execution {write.execution_id}")
 
 
 class ActionRepository:
