@@ -323,7 +323,9 @@ def _build_service(
         creator=TaskCreator(settings=settings, repo=tasks, sender=client, registry=registry, clock=clock),
         applier=EventApplier(
             # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
-            subagent_rows=None if services.agent_db is not None else SubagentRepository(db, services.background),
+            subagent_rows=None
+            if services.agent_db is not None
+            else SubagentRepository(db, services.background),
             manager=manager,
             images=images,
             snapshots=snapshots,

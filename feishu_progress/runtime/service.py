@@ -33,7 +33,7 @@ from feishu_progress.runtime.housekeeping import Housekeeping
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
-from feishu_progress.runtime.snapshots import SnapshotStore
+from feishu_progress.runtime.snapshots import Saved, SnapshotStore
 from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState
 from feishu_progress.runtime.task import Task
 
@@ -213,7 +213,20 @@ class TaskService:
 
     def final_delivered(self, card: Deliverable) -> None:
         task = self.registry.by_message(card.message_id)
-        if task is not None and self.housekeeping.evict_finished(task) and self.ownership is not None:
+        if task is None:
+            return
+        if self.snapshots.is_dirty(task.session_id):
+            # The final can reach Feishu before the save of the state that made it ends: evict after it.
+            self.background.spawn(self._evict_once_saved(task), name="evict-finished")
+        else:
+            self._evict(task)
+
+    async def _evict_once_saved(self, task: Task) -> None:
+        if await self.snapshots.save_now(task) is Saved.NOW:
+            self._evict(task)  # otherwise the housekeeping sweep evicts it once saved
+
+    def _evict(self, task: Task) -> None:
+        if self.housekeeping.evict_finished(task) and self.ownership is not None:
             self.ownership.release_later([task.session_id])  # done: nobody need take it over
 
     def card_stopped(self, card: Deliverable, reason: str) -> None:
