@@ -93,8 +93,10 @@ async def _click(
 async def test_runtime_api_needs_the_bearer_token(client: TestClient[Any, Any]) -> None:
     response = await client.post("/v1/tasks", json={})
     assert response.status == 401
+    assert (await response.json())["error"] == "unauthorized"
     wrong = await client.post("/v1/tasks", json={}, headers={"Authorization": "Bearer nope"})
     assert wrong.status == 401
+    assert "FP_API__TOKEN" in (await wrong.json())["message"]
 
 
 async def test_create_task_sends_the_first_card(

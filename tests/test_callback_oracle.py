@@ -105,21 +105,24 @@ def test_both_refuse_a_broken_signature_we_with_401(spoil: Any) -> None:
     raw = encrypted_body(card_action_payload())
     raw, headers = spoil(raw, signed_headers(raw))
     assert not Oracle().accepts(raw, headers)
-    assert _ours(raw, headers).status == 401
+    ours = _ours(raw, headers)
+    assert (ours.status, ours.reason) == (401, "invalid signature")
 
 
 def test_both_refuse_a_wrong_verification_token_we_with_401() -> None:
     raw = encrypted_body(card_action_payload(token="stolen"))
     headers = signed_headers(raw)
     assert not Oracle().accepts(raw, headers)
-    assert _ours(raw, headers).status == 401
+    ours = _ours(raw, headers)
+    assert (ours.status, ours.reason) == (401, "invalid verification token")
 
 
 def test_both_refuse_a_body_encrypted_with_another_key_we_with_400() -> None:
     raw = encrypted_body(card_action_payload(), encrypt_key="another key")
     headers = signed_headers(raw)
     assert not Oracle().accepts(raw, headers)
-    assert _ours(raw, headers).status == 400
+    ours = _ours(raw, headers)
+    assert (ours.status, ours.reason) == (400, "encrypt cannot be decrypted")
 
 
 def test_stale_timestamp_the_sdk_accepts_but_we_refuse() -> None:

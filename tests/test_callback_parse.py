@@ -73,7 +73,8 @@ def test_header_names_are_case_insensitive() -> None:
 def test_signature_is_checked_on_the_raw_bytes_not_the_json() -> None:
     raw = encrypted_body(card_action_payload())
     reformatted = json.dumps(json.loads(raw), indent=2).encode()  # same JSON, other bytes
-    assert _rejection(reformatted, signed_headers(raw)).status == 401
+    rejected = _rejection(reformatted, signed_headers(raw))
+    assert (rejected.status, rejected.reason) == (401, "invalid signature")
 
 
 @pytest.mark.parametrize("missing", ["X-Lark-Request-Timestamp", "X-Lark-Request-Nonce", "X-Lark-Signature"])
@@ -81,7 +82,8 @@ def test_missing_signature_header_is_401(missing: str) -> None:
     raw = encrypted_body(card_action_payload())
     headers = signed_headers(raw)
     del headers[missing]
-    assert _rejection(raw, headers).status == 401
+    rejected = _rejection(raw, headers)
+    assert (rejected.status, rejected.reason) == (401, "missing signature headers")
 
 
 def test_wrong_token_is_401() -> None:
@@ -94,12 +96,14 @@ def test_plain_body_without_encrypt_key_checks_only_the_token() -> None:
     event = _parse(raw, {"Content-Type": "application/json"}, encrypt_key=None)
     assert isinstance(event, CardActionEvent)
     bad = json.dumps(card_action_payload(token="x")).encode()
-    assert _rejection(bad, {}, encrypt_key=None).status == 401
+    rejected = _rejection(bad, {}, encrypt_key=None)
+    assert (rejected.status, rejected.reason) == (401, "invalid verification token")
 
 
 def test_plain_body_with_encrypt_key_still_needs_the_signature() -> None:
     raw = json.dumps(card_action_payload()).encode()
-    assert _rejection(raw, {}).status == 401
+    rejected = _rejection(raw, {})
+    assert (rejected.status, rejected.reason) == (401, "missing signature headers")
 
 
 @pytest.mark.parametrize("skew", [-301.0, 301.0])
@@ -117,7 +121,8 @@ def test_stale_create_time_is_refused_even_with_a_fresh_header() -> None:
 def test_timestamp_window_is_configurable() -> None:
     raw = encrypted_body(card_action_payload(create_time=WALL_NOW - 100))
     assert isinstance(_parse(raw), CardActionEvent)
-    assert _rejection(raw, timestamp_window_seconds=60).status == 403
+    rejected = _rejection(raw, timestamp_window_seconds=60)
+    assert (rejected.status, rejected.reason) == (403, "stale event create_time: outside the 60 s window")
 
 
 @pytest.mark.parametrize(
@@ -135,10 +140,12 @@ def test_create_time_unit_follows_its_magnitude(create_time: str, seconds: float
     assert event.create_time == pytest.approx(seconds)
 
 
-def test_non_numeric_timestamp_header_is_401() -> None:
+def test_an_altered_timestamp_header_fails_the_signature() -> None:
     raw = encrypted_body(card_action_payload())
     headers = signed_headers(raw) | {"X-Lark-Request-Timestamp": "yesterday"}
-    assert _rejection(raw, headers).status == 401
+    rejected = _rejection(raw, headers)
+    # The signature covers the timestamp, and it is checked first: an altered one fails there.
+    assert (rejected.status, rejected.reason) == (401, "invalid signature")
 
 
 def test_other_event_type_is_400_and_named() -> None:
@@ -178,11 +185,23 @@ def test_value_that_is_not_an_object_is_400() -> None:
     "raw", [b"not json", b"[1, 2]", b"\xff\xfe\x00", b"[" * 100_000, b'{"encrypt": 5}', b'{"encrypt": "!!"}']
 )
 def test_malformed_bodies_are_400(raw: bytes) -> None:
-    assert _rejection(raw).status == 400
+    rejected = _rejection(raw)
+    assert rejected.status == 400
+    assert any(
+        words in rejected.reason
+        for words in (
+            "is not valid JSON",
+            "is not a JSON object",
+            "encrypt is not",
+            "cannot be decrypted",
+            "ciphertext length",
+        )
+    ), rejected.reason
 
 
 def test_body_over_the_limit_is_413_before_parsing() -> None:
-    assert _rejection(b"x" * 101, max_body_bytes=100).status == 413
+    rejected = _rejection(b"x" * 101, max_body_bytes=100)
+    assert (rejected.status, rejected.reason) == (413, "body too large")
 
 
 def test_url_verification_plain_and_encrypted() -> None:
@@ -193,11 +212,13 @@ def test_url_verification_plain_and_encrypted() -> None:
 
 def test_url_verification_with_wrong_token_is_401() -> None:
     plain = json.dumps(url_verification_payload("abc", token="nope")).encode()
-    assert _rejection(plain, {}).status == 401
+    rejected = _rejection(plain, {})
+    assert (rejected.status, rejected.reason) == (401, "invalid verification token")
 
 
 def test_encrypted_body_without_a_configured_key_is_400() -> None:
-    assert _rejection(encrypted_body(card_action_payload()), {}, encrypt_key=None).status == 400
+    rejected = _rejection(encrypted_body(card_action_payload()), {}, encrypt_key=None)
+    assert (rejected.status, rejected.reason) == (400, "encrypted callback but no Encrypt Key is configured")
 
 
 def test_decrypt_with_the_wrong_key_is_400() -> None:
