@@ -14,7 +14,7 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from feishu_progress.config import (
     ImagesSettings,
     Settings,
 )
-from feishu_progress.runtime.responses import AnswersAction, UserAction
+from feishu_progress.runtime.responses import Answer, AnswersAction, UserAction
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -170,44 +170,114 @@ def _value(action: str, session_id: int, **extra: Any) -> dict[str, Any]:
     return {"v": 1, "action": action, "session_id": session_id, **extra}
 
 
-async def _script(run: DemoRun, image_path: Path) -> None:
-    await run.create_task("调研飞书卡片限流并修复进度卡")
-    await run.show("task created: the first card")
+# -- the script: what the runtime sends, chapter by chapter ------------------------------------------
 
-    await run.send(
-        {"type": "status", "status": "RUNNING", "round": 1},
-        {"type": "content_delta", "text": "我先梳理一下**进度卡**的更新链路,再派两个子代理并行处理。"},
-        {
-            "type": "tool_started",
-            "call_id": "c1",
-            "name": "spawn_subagent",
-            "args": {"agent_type": "explorer"},
-        },
-        {"type": "tool_finished", "call_id": "c1", "result": {"task_id": 11, "status": "RUNNING"}},
-        {
-            "type": "subagent_started",
-            "task_id": 11,
-            "child_session_id": 9001,
-            "agent_type": "explorer",
-            "title": "后台子代理(explorer): 排查卡片进度链路",
-            "invocation_type": "BACKGROUND",
-        },
-        {"type": "tool_started", "call_id": "c2", "name": "spawn_subagent", "args": {"agent_type": "worker"}},
-        {"type": "tool_finished", "call_id": "c2", "result": {"task_id": 12, "status": "RUNNING"}},
-        {
-            "type": "subagent_started",
-            "task_id": 12,
-            "child_session_id": 9002,
-            "agent_type": "worker",
-            "title": "实现子代理展示",
-            "invocation_type": "BACKGROUND",
-        },
-        {"type": "subagent_round", "task_id": 11, "round": 2},
-        {"type": "subagent_status", "task_id": 12, "status": "RECOVERING"},
-    )
-    await run.show("two background subagents running")
+SUBAGENT_EVENTS: tuple[dict[str, Any], ...] = (
+    {"type": "status", "status": "RUNNING", "round": 1},
+    {"type": "content_delta", "text": "我先梳理一下**进度卡**的更新链路,再派两个子代理并行处理。"},
+    {"type": "tool_started", "call_id": "c1", "name": "spawn_subagent", "args": {"agent_type": "explorer"}},
+    {"type": "tool_finished", "call_id": "c1", "result": {"task_id": 11, "status": "RUNNING"}},
+    {
+        "type": "subagent_started",
+        "task_id": 11,
+        "child_session_id": 9001,
+        "agent_type": "explorer",
+        "title": "后台子代理(explorer): 排查卡片进度链路",
+        "invocation_type": "BACKGROUND",
+    },
+    {"type": "tool_started", "call_id": "c2", "name": "spawn_subagent", "args": {"agent_type": "worker"}},
+    {"type": "tool_finished", "call_id": "c2", "result": {"task_id": 12, "status": "RUNNING"}},
+    {
+        "type": "subagent_started",
+        "task_id": 12,
+        "child_session_id": 9002,
+        "agent_type": "worker",
+        "title": "实现子代理展示",
+        "invocation_type": "BACKGROUND",
+    },
+    {"type": "subagent_round", "task_id": 11, "round": 2},
+    {"type": "subagent_status", "task_id": 12, "status": "RECOVERING"},
+)
 
-    await run.send(
+ASK_EVENT: dict[str, Any] = {
+    "type": "ask",
+    "ask_id": "ask-1",
+    "questions": [
+        {"question": "先优化哪一部分?", "options": ["卡片限流", "子代理展示", "工具摘要"]},
+        {
+            "question": "验收时想看到什么?",
+            "options": ["本地 demo", "截图对比", "压测报告"],
+            "multiSelect": True,
+        },
+    ],
+}
+ANSWERS_FORM: dict[str, Any] = {"q0_0": "1", "q0_1": ["0", "2"], "q0_1_other": "再加一份指标截图"}
+
+ASKTOOL_EVENTS: tuple[dict[str, Any], ...] = (
+    {
+        "type": "tool_started",
+        "call_id": "c7",
+        "name": "asktool",
+        "args": {
+            "questions": [
+                {"question": "是否同时修复钉钉卡片?", "options": ["是", "否"]},
+                {"question": "需要哪些语言?", "options": ["中文", "English", "日本語"], "multiSelect": True},
+            ]
+        },
+    },
+    {
+        "type": "tool_finished",
+        "call_id": "c7",
+        "result": "是否同时修复钉钉卡片?：否\n---\n需要哪些语言?：中文、English",
+    },
+    {"type": "subagent_finished", "task_id": 11, "status": "COMPLETED", "total_rounds": 3},
+)
+
+SUBAGENT_PROGRESS_EVENTS: tuple[dict[str, Any], ...] = (
+    {"type": "tool_started", "call_id": "c8", "name": "check_subagent", "args": {"task_id": 12}},
+    {
+        "type": "tool_finished",
+        "call_id": "c8",
+        "result": {
+            "background_subagents": [
+                {
+                    "taskId": 12,
+                    "childSessionId": 9002,
+                    "agentType": "worker",
+                    "status": "RUNNING",
+                    "totalRounds": 4,
+                    "totalToolCalls": 9,
+                    "totalPromptTokens": 12000,
+                    "totalCompletionTokens": 3400,
+                    "recentOutput": "正在修改 progress-card.ts 并补测试……",
+                }
+            ]
+        },
+    },
+    {"type": "content", "text": "已按回答优先处理**子代理展示**;限流部分由子代理并行排查。"},
+)
+
+FINAL_EVENTS: tuple[dict[str, Any], ...] = (
+    {"type": "subagent_finished", "task_id": 12, "status": "CANCELLED", "total_rounds": 4},
+    {
+        "type": "finished",
+        "status": "CANCELLED",
+        "content": "任务已按你的要求取消。已完成:限流排查结论已写入会话。",
+    },
+)
+
+
+def _image(url: str, path: str) -> dict[str, Any]:
+    return {"image_url": url, "image_path": path, "size_bytes": 2048, "mime": "image/png"}
+
+
+def _image_result(prompt: str, *images: dict[str, Any]) -> dict[str, Any]:
+    return {"images": list(images), "model": "gpt-image-1", "size": "1024x1024", "prompt": prompt}
+
+
+def failing_tool_events(image_path: Path) -> tuple[dict[str, Any], ...]:
+    generated = _image("/uploads/cat.png", str(image_path)) | {"source": "generated"}
+    return (
         {"type": "tool_started", "call_id": "c3", "name": "shell", "args": {"command": "pytest -q tests/"}},
         {
             "type": "tool_finished",
@@ -227,152 +297,99 @@ async def _script(run: DemoRun, image_path: Path) -> None:
             "name": "generate_image",
             "args": {"prompt": "一只盯着仪表盘的猫"},
         },
-        {
-            "type": "tool_finished",
-            "call_id": "c5",
-            "result": {
-                "images": [
-                    {
-                        "image_url": "/uploads/cat.png",
-                        "image_path": str(image_path),
-                        "size_bytes": 2048,
-                        "mime": "image/png",
-                        "source": "generated",
-                    }
-                ],
-                "model": "gpt-image-1",
-                "size": "1024x1024",
-                "prompt": "一只盯着仪表盘的猫",
-            },
-        },
+        {"type": "tool_finished", "call_id": "c5", "result": _image_result("一只盯着仪表盘的猫", generated)},
     )
-    await run.show("a failing shell call, a failed search, a generated image")
 
-    await run.send(
-        {
-            "type": "ask",
-            "ask_id": "ask-1",
-            "questions": [
-                {"question": "先优化哪一部分?", "options": ["卡片限流", "子代理展示", "工具摘要"]},
-                {
-                    "question": "验收时想看到什么?",
-                    "options": ["本地 demo", "截图对比", "压测报告"],
-                    "multiSelect": True,
-                },
-            ],
-        },
+
+def edited_image_events(image_path: Path) -> tuple[dict[str, Any], ...]:
+    missing = _image("/uploads/missing.png", "/nonexistent/missing.png") | {"size_bytes": 4096}
+    edited = _image_result("给猫加一副眼镜", _image("/uploads/cat-glasses.png", str(image_path)), missing)
+    return (
+        {"type": "tool_started", "call_id": "c9", "name": "edit_image", "args": {"prompt": "给猫加一副眼镜"}},
+        {"type": "tool_finished", "call_id": "c9", "result": edited},
     )
-    await run.show("the agent asks two questions (WAITING, a form)")
 
-    answers = {"q0_0": "1", "q0_1": ["0", "2"], "q0_1_other": "再加一份指标截图"}
+
+def answers_events(chosen: Sequence[Answer]) -> tuple[dict[str, Any], ...]:
+    """The runtime hands the answers it read from the action log to its ask tool, whose result shows them."""
+    answers = [
+        {"question": a.question, "selectedLabels": a.selected_labels, "customInput": a.custom_input or None}
+        for a in chosen
+    ]
+    return (
+        {"type": "status", "status": "RUNNING", "round": 2},
+        {"type": "tool_started", "call_id": "c6", "name": "ask_user_questions"},
+        {"type": "tool_finished", "call_id": "c6", "result": {"answers": answers}},
+    )
+
+
+async def _created(run: DemoRun, image_path: Path) -> str:
+    await run.create_task("调研飞书卡片限流并修复进度卡")
+    return "task created: the first card"
+
+
+async def _subagents(run: DemoRun, image_path: Path) -> str:
+    await run.send(*SUBAGENT_EVENTS)
+    return "two background subagents running"
+
+
+async def _failures(run: DemoRun, image_path: Path) -> str:
+    await run.send(*failing_tool_events(image_path))
+    return "a failing shell call, a failed search, a generated image"
+
+
+async def _questions(run: DemoRun, image_path: Path) -> str:
+    await run.send(ASK_EVENT)
+    return "the agent asks two questions (WAITING, a form)"
+
+
+async def _answered_round(run: DemoRun, image_path: Path) -> str:
     submit = _value("answers", run.session_id, ask_id="ask-1")
-    run.out(f"   bob (not the requester) submits answers → {await run.click(BYSTANDER, submit, answers)}")
-    run.out(f"   alice submits answers → {await run.click(REQUESTER, submit, answers)}")
+    run.out(
+        f"   bob (not the requester) submits answers → {await run.click(BYSTANDER, submit, ANSWERS_FORM)}"
+    )
+    run.out(f"   alice submits answers → {await run.click(REQUESTER, submit, ANSWERS_FORM)}")
     received = await run.actions()
     run.out(f"   runtime reads the action log: {[a.kind for a in received]}")
     answered = received[-1]
     if not isinstance(answered, AnswersAction):
         raise RuntimeError(f"expected the answers, the log holds {answered.kind!r}")
-    chosen = answered.payload.answers
     await run.send(
-        {"type": "status", "status": "RUNNING", "round": 2},
-        {"type": "tool_started", "call_id": "c6", "name": "ask_user_questions"},
-        {
-            "type": "tool_finished",
-            "call_id": "c6",
-            "result": {
-                "answers": [
-                    {
-                        "question": a.question,
-                        "selectedLabels": a.selected_labels,
-                        "customInput": a.custom_input or None,
-                    }
-                    for a in chosen
-                ]
-            },
-        },
-        {
-            "type": "tool_started",
-            "call_id": "c7",
-            "name": "asktool",
-            "args": {
-                "questions": [
-                    {"question": "是否同时修复钉钉卡片?", "options": ["是", "否"]},
-                    {
-                        "question": "需要哪些语言?",
-                        "options": ["中文", "English", "日本語"],
-                        "multiSelect": True,
-                    },
-                ]
-            },
-        },
-        {
-            "type": "tool_finished",
-            "call_id": "c7",
-            "result": "是否同时修复钉钉卡片?：否\n---\n需要哪些语言?：中文、English",
-        },
-        {"type": "subagent_finished", "task_id": 11, "status": "COMPLETED", "total_rounds": 3},
-        {"type": "tool_started", "call_id": "c9", "name": "edit_image", "args": {"prompt": "给猫加一副眼镜"}},
-        {
-            "type": "tool_finished",
-            "call_id": "c9",
-            "result": {
-                "images": [
-                    {
-                        "image_url": "/uploads/cat-glasses.png",
-                        "image_path": str(image_path),
-                        "size_bytes": 2048,
-                        "mime": "image/png",
-                    },
-                    {
-                        "image_url": "/uploads/missing.png",
-                        "image_path": "/nonexistent/missing.png",
-                        "size_bytes": 4096,
-                        "mime": "image/png",
-                    },
-                ],
-                "model": "gpt-image-1",
-                "size": "1024x1024",
-                "prompt": "给猫加一副眼镜",
-            },
-        },
-        {"type": "tool_started", "call_id": "c8", "name": "check_subagent", "args": {"task_id": 12}},
-        {
-            "type": "tool_finished",
-            "call_id": "c8",
-            "result": {
-                "background_subagents": [
-                    {
-                        "taskId": 12,
-                        "childSessionId": 9002,
-                        "agentType": "worker",
-                        "status": "RUNNING",
-                        "totalRounds": 4,
-                        "totalToolCalls": 9,
-                        "totalPromptTokens": 12000,
-                        "totalCompletionTokens": 3400,
-                        "recentOutput": "正在修改 progress-card.ts 并补测试……",
-                    }
-                ]
-            },
-        },
-        {"type": "content", "text": "已按回答优先处理**子代理展示**;限流部分由子代理并行排查。"},
+        *answers_events(answered.payload.answers),
+        *ASKTOOL_EVENTS,
+        *edited_image_events(image_path),
+        *SUBAGENT_PROGRESS_EVENTS,
     )
-    await run.show("round 2: every rich view at once (answers, asktool, images, subagent progress)")
+    return "round 2: every rich view at once (answers, asktool, images, subagent progress)"
 
+
+async def _cancel_clicked(run: DemoRun, image_path: Path) -> str:
     run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, _value('cancel', run.session_id))}")
-    await run.show("cancel clicked: the card says it is cancelling")
+    return "cancel clicked: the card says it is cancelling"
+
+
+async def _stopped(run: DemoRun, image_path: Path) -> str:
     received = await run.actions()
     run.out(f"   runtime reads the action log: {[a.kind for a in received]}")
-    await run.send(
-        {"type": "subagent_finished", "task_id": 12, "status": "CANCELLED", "total_rounds": 4},
-        {
-            "type": "finished",
-            "status": "CANCELLED",
-            "content": "任务已按你的要求取消。已完成:限流排查结论已写入会话。",
-        },
-    )
-    await run.show("the runtime stops: final card")
+    await run.send(*FINAL_EVENTS)
+    return "the runtime stops: final card"
+
+
+# The demo, as a table: each step does its part, then the card is shown under the step's caption.
+SCRIPT: tuple[Callable[[DemoRun, Path], Awaitable[str]], ...] = (
+    _created,
+    _subagents,
+    _failures,
+    _questions,
+    _answered_round,
+    _cancel_clicked,
+    _stopped,
+)
+
+
+async def _script(run: DemoRun, image_path: Path) -> None:
+    for step in SCRIPT:
+        await run.show(await step(run, image_path))
 
 
 async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResult:
