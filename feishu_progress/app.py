@@ -33,6 +33,7 @@ from feishu_progress.db.repo import (
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import ConfigError
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
+from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
@@ -294,6 +295,19 @@ def _subagent_manager(services: Services, db: Database) -> SubagentManager:
     return SubagentManager(services.agent_db, tables, forget_unlisted=True)
 
 
+def _scheduler(settings: Settings, client: FeishuClient, clock: Clock, metrics: Metrics) -> DeliveryScheduler:
+    """The one delivery scheduler: PATCHed messages and CardKit card entities, each on its own budget."""
+    message_interval = settings.rate.message_interval_ms / 1000
+    return DeliveryScheduler(
+        FeishuCardSink(client, message_interval=message_interval),
+        clock=clock,
+        rate=settings.rate,
+        metrics=metrics,
+        streams=CardKitWriter(client, settings.cardkit, clock=clock, message_interval=message_interval),
+        cardkit=settings.cardkit,
+    )
+
+
 def _build_service(
     services: Services, db: Database, client: FeishuClient, fetcher: ImageFetcher
 ) -> TaskService:
@@ -302,12 +316,7 @@ def _build_service(
     tasks = TaskRepository(db)
     manager = _subagent_manager(services, db)
     snapshots = SnapshotStore(tasks, clock, services.background)
-    scheduler = DeliveryScheduler(
-        FeishuCardSink(client, message_interval=settings.rate.message_interval_ms / 1000),
-        clock=clock,
-        rate=settings.rate,
-        metrics=metrics,
-    )
+    scheduler = _scheduler(settings, client, clock, metrics)
     registry = TaskRegistry(
         settings=settings,
         clock=clock,

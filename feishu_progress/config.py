@@ -75,6 +75,10 @@ class ApiSettings(BaseModel):
 
 
 class CardSettings(BaseModel):
+    # cardkit: a card entity whose answer text streams (typewriter) and whose panels update whole;
+    # patch: the message is PATCHed whole (no CardKit scope needed). A task whose CardKit create is
+    # refused falls back to patch on its own.
+    transport: Literal["cardkit", "patch"] = "cardkit"
     session_detail_url: str | None = None
     locales: Annotated[tuple[str, ...], NoDecode] = ("zh_cn", "en_us")
 
@@ -113,6 +117,29 @@ class RateSettings(BaseModel):
     app_per_second: float = Field(default=50, gt=0)
     app_per_minute: float = Field(default=1000, gt=0)
     message_interval_ms: int = Field(default=250, ge=200)  # Feishu allows 5 QPS per message
+
+
+class CardKitSettings(BaseModel):
+    """FP_CARDKIT__*: pacing of CardKit cards (reference/feishu-platform.md §4)."""
+
+    # Feishu closes streaming 600 s after it was last opened; re-open well before (updates after the
+    # close are sometimes dropped without an error).
+    streaming_window_seconds: float = Field(default=540, gt=0)
+    # Between two writes of one card: text moves this often (Feishu allows 10 operations/s per card; a
+    # write is one operation, two when streaming is switched on or off with it).
+    text_interval_ms: int = Field(default=150, ge=100)
+    # Status, tools, subagents and buttons are rewritten whole at most this often per card.
+    panel_interval_ms: int = Field(default=1500, ge=200)
+    # Each CardKit API allows 1000/min and 50/s per app; every CardKit write is charged to one budget
+    # of this size, so no single API can exceed it.
+    app_per_second: float = Field(default=50, gt=0)
+    app_per_minute: float = Field(default=1000, gt=0)
+    # After a create refused for want of the scope, tasks use PATCH; CardKit is tried again this much later.
+    scope_recheck_seconds: float = Field(default=600, gt=0)
+    # The client's typewriter: characters per step and ms per step ("fast": a newer text shows the
+    # rest of the old one at once instead of queueing behind it).
+    print_frequency_ms: int = Field(default=40, ge=10, le=1000)
+    print_step: int = Field(default=2, ge=1, le=50)
 
 
 class TaskSettings(BaseModel):
@@ -221,6 +248,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     api: ApiSettings = ApiSettings()
     card: CardSettings = CardSettings()
+    cardkit: CardKitSettings = CardKitSettings()
     rate: RateSettings = RateSettings()
     task: TaskSettings = TaskSettings()
     callback: CallbackSettings = CallbackSettings()

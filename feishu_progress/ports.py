@@ -25,12 +25,13 @@ class OutcomeKind(StrEnum):
     BACKOFF = "backoff"  # 5xx, timeout, connection error: bounded backoff with jitter
     STOP = "stop"  # expired / recalled / deleted: never PATCH this message again
     DEGRADE = "degrade"  # too large / invalid card: resend once as a minimal card
+    PARTIAL = "partial"  # CardKit: the text went out, the rest of the card is due after retry_after
 
 
 @dataclass(frozen=True, slots=True)
 class PatchOutcome:
     kind: OutcomeKind
-    retry_after: float = 0.0  # seconds; meaningful for RETRY_MESSAGE and PAUSE_APP
+    retry_after: float = 0.0  # seconds; meaningful for RETRY_MESSAGE, PAUSE_APP and PARTIAL
     code: int | None = None  # the Feishu code or HTTP status behind it, for logs and metrics
     reason: str = ""
 

@@ -52,6 +52,8 @@ DEGRADED_TITLE_CHARS = 100
 # A content element plus its (localised) truncation marker, beyond the content text itself.
 CONTENT_OVERHEAD_BYTES = 64
 MARKER_RESERVE_BYTES = 1024
+# The answer text's element: a CardKit card streams its text into it (it is harmless in a PATCHed card).
+ANSWER_ELEMENT_ID = "fp_answer"
 
 
 def build_progress_card(model: CardModel) -> dict[str, Any]:
@@ -175,15 +177,19 @@ def _content_elements(
 ) -> list[dict[str, Any]]:
     """The content markdown, cut to ``available`` bytes, and a marker element when it was cut."""
     if len(content) == original_chars and json_bytes(_render_content(content)) <= available:
-        return [{"tag": "markdown", "content": _render_content(content)}]
+        return [_answer_element(_render_content(content))]
     budget = max(0, available - MARKER_RESERVE_BYTES)
     # Every character costs at least one byte: no prefix longer than the budget can fit.
     fitting = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
     shown = cut_index(content, fitting)
     dropped = original_chars - shown
-    elements = [{"tag": "markdown", "content": _render_content(content[:shown]).rstrip() or "…"}]
+    elements = [_answer_element(_render_content(content[:shown]).rstrip() or "…")]
     elements.append(langs.md_msg(msg("card.truncated", count=dropped)))
     return elements
 
 
-__all__ = ["build_degraded_card", "build_progress_card", "status_parts"]
+def _answer_element(markdown: str) -> dict[str, Any]:
+    return {"tag": "markdown", "element_id": ANSWER_ELEMENT_ID, "content": markdown}
+
+
+__all__ = ["ANSWER_ELEMENT_ID", "build_degraded_card", "build_progress_card", "status_parts"]

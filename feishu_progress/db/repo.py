@@ -28,6 +28,7 @@ from feishu_progress.group_commit import GroupCommit
 MAX_KEY_LENGTH = 191
 MAX_TITLE_LENGTH = 255
 MAX_REF_LENGTH = 64
+CARDKIT_TRANSPORT = "cardkit"  # task_card.transport of a card entity
 UNFINISHED_STATUSES = (TaskStatus.RUNNING.value, TaskStatus.WAITING.value)
 
 
@@ -70,6 +71,7 @@ class TaskRecord:
     idempotency_key: str | None = None
     fence: int = 0
     owner_instance: str | None = None
+    card_id: str | None = None  # the CardKit card entity (None: the message is PATCHed whole)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,7 @@ def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
         idempotency_key=card.idempotency_key,
         fence=int(card.fence or 0),
         owner_instance=card.owner_instance,
+        card_id=card.card_id if card.transport == CARDKIT_TRANSPORT else None,
     )
 
 
@@ -250,6 +253,34 @@ class TaskRepository:
     async def set_message_id(self, session_id: int, message_id: str) -> None:
         """Remember the Feishu message the card lives in."""
         await self._update_card(session_id, {"message_id": message_id})
+
+    async def set_card_entity(self, session_id: int, card_id: str) -> None:
+        """Remember the CardKit card entity the task's message shows (saved before it is sent)."""
+        await self._update_card(session_id, {"transport": CARDKIT_TRANSPORT, "card_id": card_id})
+
+    async def next_fence(self, session_id: int, fence: int) -> int | None:
+        """Begin a new writing epoch of a card held at ``fence`` (a CardKit card's sequences then count
+        above every earlier writer's): the new fence, or None when the card's fence moved meanwhile."""
+        statement = (
+            update(TaskCard)
+            .where(TaskCard.session_id == session_id, TaskCard.fence == fence)
+            .values(fence=TaskCard.fence + 1)
+        )
+        async with self._db.session() as session:
+            result = await session.execute(statement)
+        return fence + 1 if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    async def next_fences(self, session_ids: Sequence[int]) -> None:
+        """Single mode, at start: a new writing epoch for every card in ``session_ids`` at once."""
+        if not session_ids:
+            return
+        statement = (
+            update(TaskCard)
+            .where(TaskCard.session_id.in_(list(session_ids)))
+            .values(fence=TaskCard.fence + 1)
+        )
+        async with self._db.session() as session:
+            await session.execute(statement)
 
     async def save_states(self, rows: Sequence[StateRow], owner: str | None = None) -> list[int]:
         """Persist cards' latest states in one statement; the session ids that were NOT saved.

@@ -1,6 +1,7 @@
 """Feishu Open API client on one shared aiohttp session, with an async single-flight token cache.
 
-Only the calls the progress card needs: send, reply, PATCH, image upload and the tenant token.
+Only the calls the progress card needs: send, reply, PATCH, image upload, the CardKit card entity calls
+(create, full update, settings, streamed text) and the tenant token.
 Nothing here logs tokens, secrets or card bodies; log ids and codes are enough to ask Feishu.
 """
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 MESSAGES_PATH = "/open-apis/im/v1/messages"
 IMAGES_PATH = "/open-apis/im/v1/images"
+CARDS_PATH = "/open-apis/cardkit/v1/cards"
 DEFAULT_RENEW_MARGIN_SECONDS = 300.0
 DEFAULT_POOL_LIMIT = 64
 # Names the sending instance on every Open API call. Feishu ignores headers it does not know; the
@@ -180,6 +182,35 @@ class FeishuClient:
         """Replace the card of a message this app sent."""
         path = f"{MESSAGES_PATH}/{_segment(message_id)}"
         await self._call("PATCH", path, body={"content": _card_text(card)}, timeout=self._write_timeout)
+
+    async def create_card_entity(self, card: Mapping[str, Any]) -> str:
+        """Create a CardKit card entity from card JSON 2.0; returns its card_id (sent later by reference).
+        Not retried here: a failed create leaves nothing behind, the caller decides (PATCH fallback)."""
+        body = {"type": "card_json", "data": _card_text(card)}
+        return _field(await self._call("POST", CARDS_PATH, body=body), "card_id")
+
+    async def update_card_entity(
+        self, card_id: str, card: Mapping[str, Any], sequence: int, uuid: str
+    ) -> None:
+        """Replace the whole card of an entity (``sequence`` strictly rising per card)."""
+        body = {"card": {"type": "card_json", "data": _card_text(card)}, "sequence": sequence, "uuid": uuid}
+        path = f"{CARDS_PATH}/{_segment(card_id)}"
+        await self._call("PUT", path, body=body, timeout=self._write_timeout)
+
+    async def set_card_streaming(self, card_id: str, streaming: bool, sequence: int, uuid: str) -> None:
+        """Switch an entity's streaming mode; switching it on (again) restarts Feishu's 10-minute window."""
+        settings = json.dumps({"config": {"streaming_mode": streaming}}, separators=(",", ":"))
+        body = {"settings": settings, "sequence": sequence, "uuid": uuid}
+        path = f"{CARDS_PATH}/{_segment(card_id)}/settings"
+        await self._call("PATCH", path, body=body, timeout=self._write_timeout)
+
+    async def stream_card_text(
+        self, card_id: str, element_id: str, content: str, sequence: int, uuid: str
+    ) -> None:
+        """Set one text element's full content; a text that extends the old one is typed out."""
+        body = {"content": content, "sequence": sequence, "uuid": uuid}
+        path = f"{CARDS_PATH}/{_segment(card_id)}/elements/{_segment(element_id)}/content"
+        await self._call("PUT", path, body=body, timeout=self._write_timeout)
 
     async def upload_image(self, data: bytes) -> str:
         """Upload image bytes for use in cards; returns the image_key."""

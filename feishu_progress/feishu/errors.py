@@ -1,7 +1,7 @@
 """THE one place that maps Feishu errors to delivery decisions (ports.PatchOutcome).
 
-Codes and their meanings come from reference/feishu-platform.md §2, §3 and §7. Anything not named
-here stops updating the card with the code and message recorded: an unknown failure is never
+Codes and their meanings come from reference/feishu-platform.md §2, §3, §4 (CardKit) and §7. Anything
+not named here stops updating the card with the code and message recorded: an unknown failure is never
 retried forever and never swallowed.
 """
 
@@ -16,11 +16,30 @@ TOKEN_INVALID = 99991663
 TOKEN_MISSING = 99991661
 TOKEN_CODES = frozenset({TOKEN_INVALID, TOKEN_MISSING})
 
+# CardKit (card entities, streamed text).
+CARDKIT_SCOPE_MISSING = 99991672  # the app lacks cardkit:card:write: use PATCH, ask again later
+CARD_IN_INTERACTION = 200810  # a user is interacting with the card right now: try again shortly
+STREAM_TIMED_OUT = 200850  # Feishu closed streaming 10 minutes after it was opened
+STREAMING_CLOSED = 300309
+# Streaming is off (closed by the window, or never opened): re-open it once and send the newest text.
+STREAM_CLOSED_CODES = frozenset({STREAM_TIMED_OUT, STREAMING_CLOSED})
+CARD_IN_INTERACTION_RETRY_SECONDS = 0.5
+# A write the card refuses for now but a later write with a new sequence and uuid may pass.
+CARDKIT_TRANSIENT: dict[int, str] = {
+    200770: "uuid reused with another body",
+    300317: "sequence not above the card's last (another writer?)",
+    300120: "CardKit internal error",
+}
+
 # The card can no longer be edited: the reason is what the scheduler records.
 STOP_REASONS: dict[int, str] = {
     230031: "message older than 14 days",
     230011: "message recalled",
     230110: "message deleted",
+    200740: "card entity not found",
+    200750: "card entity older than 14 days",
+    300311: "this app may not update the card entity",
+    CARDKIT_SCOPE_MISSING: "the app lost the CardKit scope (cardkit:card:write)",
 }
 # The card itself is refused: resend a minimal card instead of the full one.
 DEGRADE_REASONS: dict[int, str] = {
@@ -29,6 +48,11 @@ DEGRADE_REASONS: dict[int, str] = {
     230099: "card rejected as invalid",
     300305: "card has too many elements",
     11310: "card could not be built (too many elements)",
+    200860: "card entity over 30 KB",
+    300302: "card entity refused update_multi",
+    300301: "duplicate element_id in card",
+    300303: "card entity needs schema 2.0",
+    300310: "streamed element is not a text element",
 }
 
 DEFAULT_MESSAGE_RETRY_SECONDS = 0.25
@@ -58,6 +82,16 @@ def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOu
     if code == GATEWAY_RATE_LIMITED or exc.http_status == HTTP_TOO_MANY_REQUESTS:
         reset = exc.retry_after if exc.retry_after and exc.retry_after > 0 else DEFAULT_GATEWAY_RESET_SECONDS
         return PatchOutcome(OutcomeKind.PAUSE_APP, retry_after=reset, code=code, reason="app rate limit")
+    if code == CARD_IN_INTERACTION:
+        return PatchOutcome(
+            OutcomeKind.RETRY_MESSAGE,
+            retry_after=max(message_interval, CARD_IN_INTERACTION_RETRY_SECONDS),
+            code=code,
+            reason="card in an interaction",
+        )
+    if code in CARDKIT_TRANSIENT or code in STREAM_CLOSED_CODES:
+        reason = CARDKIT_TRANSIENT.get(code, "streaming closed")
+        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason=reason)
     if code in STOP_REASONS:
         return PatchOutcome(OutcomeKind.STOP, code=code, reason=STOP_REASONS[code])
     if code in DEGRADE_REASONS:

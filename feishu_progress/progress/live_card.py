@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from feishu_progress.domain import CardModel, CardState, SubagentSummary, TaskStatus
 from feishu_progress.ports import Clock, SubagentSource
+from feishu_progress.progress.card_stream import CardStream
 
 if TYPE_CHECKING:
     from feishu_progress.metrics import Metrics
@@ -77,9 +78,12 @@ class LiveCard:
         scheduler: Notifier | None = None,
         state: CardState | None = None,
         metrics: Metrics | None = None,
+        stream: CardStream | None = None,
     ) -> None:
         self.context = context
         self.stopped_reason: str | None = None
+        # A CardKit card entity (its text streams); None: the message is PATCHed whole.
+        self.stream = stream
         self._clock = clock
         self._build_card = build_card
         self._build_degraded_card = build_degraded_card
@@ -87,6 +91,7 @@ class LiveCard:
         self._scheduler = scheduler
         self._state = state if state is not None else CardState()
         self._version = 0
+        self._panel_version = 0  # grows when anything but the answer text changes
         self._changed_at = clock.monotonic()
         self._subagents: tuple[SubagentSummary, ...] = ()
         self._subagents_loaded_at: float | None = None
@@ -116,6 +121,12 @@ class LiveCard:
         return self._version
 
     @property
+    def panel_version(self) -> int:
+        """Grows on every change of what the card shows besides its answer text (a CardKit card streams
+        the text on its own and rewrites the rest at a slower pace)."""
+        return self._panel_version
+
+    @property
     def changed_at(self) -> float:
         """Monotonic time of the newest recorded change."""
         return self._changed_at
@@ -133,17 +144,28 @@ class LiveCard:
         """Build the card now from the last state and the cached subagents. Never does I/O."""
         return self._build_card(self._model())
 
+    def callback_card(self) -> dict[str, Any] | None:
+        """The card a click's answer carries: the current one, or None for a CardKit card (Feishu does not
+        update an entity from a callback answer while it streams; the click's change is written to it)."""
+        return None if self.stream is not None else self.render_current()
+
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery:
         """Load subagents (cached, RUNNING only), then build the newest state for one send."""
         from feishu_progress.progress.scheduler import Delivery
 
         # The version is taken before the load: anything recorded while the load runs (a subagent that
         # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
-        version, changed_at = self._version, self._changed_at
+        version, changed_at, panel_version = self._version, self._changed_at, self._panel_version
         if self._state.status is TaskStatus.RUNNING:
             await self._load_subagents()
         builder = self._build_degraded_card if degraded else self._build_card
-        return Delivery(version=version, changed_at=changed_at, card=builder(self._model()))
+        return Delivery(
+            version=version,
+            changed_at=changed_at,
+            card=builder(self._model()),
+            panel_version=panel_version,
+            streams=self._state.status is TaskStatus.RUNNING,  # never while waiting for the user
+        )
 
     # -- write side: record and wake, never build or send -----------------------------------------
 
@@ -155,6 +177,8 @@ class LiveCard:
             # Seed 002 §4.3/§5.5: the list is shown only while RUNNING; a later RUNNING reloads it.
             self._subagents = ()
             self._subagents_loaded_at = None
+        if not _same_panels(state, self._state):
+            self._panel_version += 1
         self._state = state
         self._touch(urgent=urgent)
 
@@ -163,11 +187,13 @@ class LiveCard:
         self._subagent_generation += 1
         self._subagents_loaded_at = None
         if self._state.status is TaskStatus.RUNNING:
+            self._panel_version += 1
             self._touch(urgent=False)
 
     def resend(self, *, urgent: bool = False) -> None:
         """Send the newest state again though nothing changed: after a restart or a takeover, what Feishu
         shows may be older than what was saved (or newer, from a writer that is gone)."""
+        self._panel_version += 1
         self._touch(urgent=urgent or self.is_terminal)
 
     def mark_stopped(self, reason: str) -> None:
@@ -225,3 +251,20 @@ class LiveCard:
             if running and not stale:  # a failed load is cached too: no hammering
                 self._subagents_loaded_at = self._clock.monotonic()
             self._loads_done += 1
+
+
+def _same_panels(new: CardState, old: CardState) -> bool:
+    """Whether two states differ in their answer text at most (field by field: no copies on the hot path)."""
+    return (
+        new.status is old.status
+        and new.round == old.round
+        and new.tools == old.tools
+        and new.earlier_tools == old.earlier_tools
+        and new.pending_asks == old.pending_asks
+        and new.pending_approvals == old.pending_approvals
+        and new.disliked == old.disliked
+        and new.notice == old.notice
+        and new.error == old.error
+        and new.image_keys == old.image_keys
+        and new.finished_at == old.finished_at
+    )

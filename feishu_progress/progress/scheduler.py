@@ -1,10 +1,12 @@
-"""The delivery scheduler: decides when each live card may be PATCHed (one per process, shared by all cards).
+"""The delivery scheduler: decides when each live card may be written (one per process, shared by all cards).
 
 Rules (ARCHITECTURE.md "The delivery scheduler"):
-- exactly one PATCH in flight per message; the newest state wins (a PATCH carries the state at build time,
-  changes during the flight cause one more PATCH afterwards);
-- at least ``message_interval`` between two PATCH starts of one message;
-- one app-wide budget (``AppBudget``), charged when a PATCH starts, retries included;
+- exactly one write in flight per card; the newest state wins (a write carries the state at build time,
+  changes during the flight cause one more write afterwards);
+- at least ``message_interval`` between two PATCH starts of one message; a CardKit card (its text
+  streams) is written every ``text_interval``, its panels at their own pace (``PARTIAL`` outcomes);
+- one app-wide budget per transport (``AppBudget``: the message PATCH API's, and one every CardKit write
+  is charged to), charged when a write starts, retries included;
 - under pressure: terminal states and urgent refreshes first, then the card that has waited longest;
 - every ``PatchOutcome`` is acted on, nothing is retried forever, every give-up is logged.
 
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from feishu_progress.background import BackgroundTasks
-from feishu_progress.config import RateSettings
+from feishu_progress.config import CardKitSettings, RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
 from feishu_progress.progress.breaker import OutageBreaker
+from feishu_progress.progress.card_stream import CardStream
 from feishu_progress.progress.rate_budget import AppBudget
 from feishu_progress.waiting import event_or_timeout
 
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 _MIN_SLEEP = 0.001
 # A card whose send the gate refused (no lease right now) is looked at again this much later.
 NOT_NOW_SECONDS = 0.5
+PATCH = "patch"  # the budget (and the cluster budget's API) of message PATCHes
+CARDKIT = "card_update"  # the one budget every CardKit write is charged to (at most one call per API)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,8 @@ class Delivery:
     version: int
     changed_at: float
     card: Mapping[str, Any]
+    panel_version: int = 0  # the version of everything but the answer text (CardKit paces them apart)
+    streams: bool = False  # a CardKit card streams its text in this state (off while it waits or ended)
 
 
 class Deliverable(Protocol):
@@ -63,6 +70,9 @@ class Deliverable(Protocol):
     @property
     def stopped_reason(self) -> str | None: ...
 
+    @property
+    def stream(self) -> CardStream | None: ...
+
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery: ...
 
     def mark_stopped(self, reason: str) -> None: ...
@@ -77,6 +87,20 @@ class DeliveryGate(Protocol):
     def leave(self, grant: object) -> None: ...
 
     def paused(self, api: str, seconds: float) -> None: ...
+
+
+class StreamWriter(Protocol):
+    """Writes a built card to its CardKit card entity (feishu/cardkit_sink.py ``CardKitWriter``)."""
+
+    async def write(
+        self,
+        stream: CardStream,
+        card: Mapping[str, Any],
+        *,
+        panel_version: int,
+        streams: bool,
+        urgent: bool,
+    ) -> PatchOutcome: ...
 
 
 class DeliveryListener(Protocol):
@@ -136,10 +160,21 @@ class _Slot:
     failures: int = 0
     degraded: bool = False
     probe: bool = False  # this flight is the outage breaker's probe
+    owed_at: float | None = None  # CardKit: the text went out, the rest of the card is due then
 
     @property
     def has_news(self) -> bool:
-        return self.card.version != self.settled_version
+        return self.card.version != self.settled_version or self.owed_at is not None
+
+    @property
+    def api(self) -> str:
+        return PATCH if self.card.stream is None else CARDKIT
+
+    def ready_at(self) -> float:
+        """When this card (it has news) may be written next."""
+        if self.card.version != self.settled_version or self.owed_at is None:
+            return self.next_start
+        return max(self.next_start, self.owed_at)  # only its panels wait: at their time
 
     def priority(self) -> tuple[int, float]:
         first = 0 if self.urgent or self.card.is_terminal else 1
@@ -168,12 +203,24 @@ class DeliveryScheduler:
         default_pause_seconds: float = 1.0,
         breaker: OutageBreaker | None = None,
         gate: DeliveryGate | None = None,
+        streams: StreamWriter | None = None,
+        cardkit: CardKitSettings | None = None,
     ) -> None:
         rate = rate if rate is not None else RateSettings()
+        cardkit = cardkit if cardkit is not None else CardKitSettings()
         self._sink = sink
+        self._streams = streams
         self._clock = clock
-        self._interval = rate.message_interval_ms / 1000.0
+        self._intervals = {
+            PATCH: rate.message_interval_ms / 1000.0,
+            CARDKIT: cardkit.text_interval_ms / 1000.0,
+        }
+        self._interval = self._intervals[PATCH]
         self._budget = AppBudget(rate, clock.monotonic())
+        cardkit_rate = RateSettings(
+            app_per_second=cardkit.app_per_second, app_per_minute=cardkit.app_per_minute
+        )
+        self._budgets = {PATCH: self._budget, CARDKIT: AppBudget(cardkit_rate, clock.monotonic())}
         self._metrics = metrics if metrics is not None else Metrics()
         self._backoff = backoff if backoff is not None else BackoffPolicy()
         self._rng = rng if rng is not None else random.Random()
@@ -195,8 +242,13 @@ class DeliveryScheduler:
 
     @property
     def budget(self) -> AppBudget:
-        """The app-wide budget (read-only use: admin pages, tests)."""
+        """The app-wide PATCH budget (read-only use: admin pages, tests)."""
         return self._budget
+
+    @property
+    def cardkit_budget(self) -> AppBudget:
+        """The app-wide budget of CardKit writes (read-only use: admin pages, tests)."""
+        return self._budgets[CARDKIT]
 
     def start(self) -> None:
         """Start the dispatcher task (inside a running event loop)."""
@@ -310,11 +362,35 @@ class DeliveryScheduler:
         """Start the best ready cards the budget allows; return when to look again (None: on a wake)."""
         if self.breaker.is_open:
             return self._launch_probe(now)
-        budget_at = self._budget.next_available(now, urgent=True)  # the most any card may get
+        budget_at = self._budget_at(now)  # the soonest any card may get a budget
         if budget_at > now and self._slots:
-            # The budget is spent: no card can start before budget_at, so there is no point looking at
+            # Every budget is spent: no card can start before budget_at, so there is no point looking at
             # every card now. This keeps a pass O(1) while thousands of cards wait their turn.
             return None if math.isinf(budget_at) else budget_at
+        ready, earliest = self._ready(now)
+        spent: dict[str, float] = {}  # budgets found spent in this pass, and when they refill
+        while ready and len(spent) < len(self._budgets):
+            priority, _, slot = heapq.heappop(ready)
+            api = slot.api
+            if api in spent:
+                continue  # its budget is spent: it waits for it (next pass)
+            budget = self._budgets[api]
+            if not budget.try_take(now, urgent=priority[0] == 0):  # terminal or urgent first
+                # More are ready: the budget decides when the best of them may go.
+                spent[api] = budget.next_available(now, urgent=priority[0] == 0)
+                continue
+            self._launch(slot, now)
+        earliest = min(earliest, *spent.values()) if spent else earliest
+        if math.isinf(earliest):
+            return None
+        wake_at = max(earliest, self._budget_at(now))
+        return None if math.isinf(wake_at) else wake_at
+
+    def _budget_at(self, now: float) -> float:
+        return min(budget.next_available(now, urgent=True) for budget in self._budgets.values())
+
+    def _ready(self, now: float) -> tuple[list[tuple[tuple[int, float], int, _Slot]], float]:
+        """The cards that may be written now, as a heap (best first), and when the next other one may."""
         ready: list[tuple[tuple[int, float], int, _Slot]] = []
         pending = 0
         earliest = math.inf  # the soonest a waiting (not yet ready) card may start
@@ -323,25 +399,16 @@ class DeliveryScheduler:
                 pending += 1
             elif slot.has_news:
                 pending += 1
-                if slot.next_start <= now:
+                ready_at = slot.ready_at()
+                if ready_at <= now:
                     ready.append((slot.priority(), len(ready), slot))
                 else:
-                    earliest = min(earliest, slot.next_start)
+                    earliest = min(earliest, ready_at)
             elif slot.card.is_terminal and slot.next_start <= now:
                 del self._slots[message_id]  # done for good; keeping it past next_start adds nothing
         self._metrics.pending_cards.set(pending)
         heapq.heapify(ready)  # O(n); only as many pops as the budget allows launches
-        while ready:
-            urgent = ready[0][0][0] == 0  # terminal or urgent: first in the heap
-            if not self._budget.try_take(now, urgent=urgent):
-                # More are ready: the budget decides when the best of them may go.
-                earliest = self._budget.next_available(now, urgent=urgent)
-                break
-            self._launch(heapq.heappop(ready)[2], now)
-        if math.isinf(earliest):
-            return None
-        wake_at = max(earliest, self._budget.next_available(now, urgent=True))
-        return None if math.isinf(wake_at) else wake_at
+        return ready, earliest
 
     def _launch_probe(self, now: float) -> float | None:
         """Feishu is down for the whole app: one flight at a time, the most deserving card, as the probe."""
@@ -350,10 +417,11 @@ class DeliveryScheduler:
         waiting = [s for s in self._slots.values() if s.has_news and not s.in_flight]
         if not waiting:
             return None
-        probe_at = max(self.breaker.next_probe, self._budget.next_available(now, urgent=True))
-        if probe_at > now or not self._budget.try_take(now, urgent=True):
-            return probe_at
         slot = min(waiting, key=lambda s: s.priority())
+        budget = self._budgets[slot.api]
+        probe_at = max(self.breaker.next_probe, budget.next_available(now, urgent=True))
+        if probe_at > now or not budget.try_take(now, urgent=True):
+            return probe_at
         self.breaker.probe_started(now)
         slot.probe = True
         self._launch(slot, now)
@@ -362,7 +430,7 @@ class DeliveryScheduler:
     def _launch(self, slot: _Slot, now: float) -> None:
         slot.in_flight = True
         slot.flight_version = slot.card.version
-        slot.next_start = now + self._interval
+        slot.next_start = now + self._intervals[slot.api]
         slot.flight_urgent, slot.urgent = slot.urgent, False
         slot.flight_waiting_since, slot.waiting_since = slot.waiting_since, None
         self._flights.spawn(self._deliver(slot), name=f"fp-patch-{slot.card.message_id}")
@@ -370,11 +438,12 @@ class DeliveryScheduler:
     # -- one PATCH --------------------------------------------------------------------------------
 
     async def _deliver(self, slot: _Slot) -> None:
+        budget = self._budgets[slot.api]
         try:
             await self._deliver_once(slot)
         finally:
             # Whatever happened (answered, failed, cancelled), the budget slot frees one window from now.
-            self._budget.settle(self._clock.monotonic())
+            budget.settle(self._clock.monotonic())
 
     def _not_now(self, slot: _Slot) -> None:
         if slot.probe:
@@ -403,7 +472,7 @@ class DeliveryScheduler:
             outcome = PatchOutcome(OutcomeKind.DEGRADE, reason=f"card build failed: {exc!r}")
         else:
             try:
-                gated = await self._gated_patch(slot, delivery.card)
+                gated = await self._gated_write(slot, delivery)
             except asyncio.CancelledError:
                 self._cancelled(slot)
                 raise
@@ -451,8 +520,8 @@ class DeliveryScheduler:
         slot.in_flight = False
         self._restore_flight(slot)
 
-    async def _gated_patch(self, slot: _Slot, card: Mapping[str, Any]) -> PatchOutcome | None:
-        """The PATCH, through the gate when there is one (None: the gate said not now).
+    async def _gated_write(self, slot: _Slot, delivery: Delivery) -> PatchOutcome | None:
+        """The write, through the gate when there is one (None: the gate said not now).
 
         The gate is passed after the card is built, right before the request: a shared budget counts
         a grant as arriving at Feishu within a few tens of milliseconds, which a build (it may wait
@@ -461,7 +530,7 @@ class DeliveryScheduler:
         grant = (
             None
             if self.gate is None
-            else await self.gate.enter("patch", urgent=slot.flight_urgent or slot.card.is_terminal)
+            else await self.gate.enter(slot.api, urgent=slot.flight_urgent or slot.card.is_terminal)
         )
         if self.gate is not None and grant is None:
             return None
@@ -471,15 +540,24 @@ class DeliveryScheduler:
             return None
         slot.sending = True
         try:
-            return await self._patch(slot.card.message_id, card)
+            return await self._write(slot, delivery)
         finally:
             slot.sending = False
             if self.gate is not None and grant is not None:
                 self.gate.leave(grant)
 
-    async def _patch(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
+    async def _write(self, slot: _Slot, delivery: Delivery) -> PatchOutcome:
+        message_id, stream = slot.card.message_id, slot.card.stream
         try:
-            return await self._sink.patch_card(message_id, card)
+            if stream is None or self._streams is None:
+                return await self._sink.patch_card(message_id, delivery.card)
+            return await self._streams.write(
+                stream,
+                delivery.card,
+                panel_version=delivery.panel_version,
+                streams=delivery.streams,
+                urgent=slot.flight_urgent or slot.card.is_terminal,
+            )
         except Exception as exc:
             # The sink promises to classify every failure; if it raises anyway, treat it as transient.
             log.exception("card sink raised for message %s", message_id, extra={"message_id": message_id})
@@ -491,15 +569,18 @@ class DeliveryScheduler:
         if kind is OutcomeKind.DELIVERED:
             if delivery is not None:  # always: DELIVERED only follows a successful build
                 self._delivered(slot, delivery, now)
+        elif kind is OutcomeKind.PARTIAL:
+            if delivery is not None:
+                self._delivered(slot, delivery, now, owed_at=now + outcome.retry_after)
         elif kind is OutcomeKind.RETRY_MESSAGE:
             self._metrics.rate_limit_hits.labels(kind="message").inc()
             self._retry(slot, outcome, max(outcome.retry_after, self._interval), now)
         elif kind is OutcomeKind.PAUSE_APP:
             self._metrics.rate_limit_hits.labels(kind="app").inc()
             pause = outcome.retry_after if outcome.retry_after > 0 else self._default_pause
-            self._budget.pause_until(now + pause)
+            self._budgets[slot.api].pause_until(now + pause)
             if self.gate is not None:
-                self.gate.paused("patch", pause)
+                self.gate.paused(slot.api, pause)
             log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)
             self._retry(slot, outcome, pause, now)
         elif kind is OutcomeKind.BACKOFF and self.breaker.is_open:
@@ -511,8 +592,9 @@ class DeliveryScheduler:
         elif kind is OutcomeKind.DEGRADE:
             self._degrade(slot, outcome)
 
-    def _delivered(self, slot: _Slot, delivery: Delivery, now: float) -> None:
+    def _delivered(self, slot: _Slot, delivery: Delivery, now: float, owed_at: float | None = None) -> None:
         slot.settled_version = delivery.version
+        slot.owed_at = owed_at
         slot.failures = 0
         self._metrics.delivery_staleness.observe(max(0.0, now - delivery.changed_at))
         if not slot.has_news:

@@ -123,7 +123,7 @@ class CardActions:
             return _toast("info", "card.toast.expired")
         if not self._may_act(task.state, event):
             log.info("click %r on task %s refused: not the requester", click.action, click.session_id)
-            return _toast("error", "card.toast.not_requester", task.card.render_current())
+            return _toast("error", "card.toast.not_requester", task.card.callback_card())
         async with task.lock:
             return await self._decide_and_apply(task, click, event)
 
@@ -179,7 +179,7 @@ class CardActions:
     async def _decide_and_apply(self, task: Task, click: Click, event: CardActionEvent) -> CallbackReply:
         decision = _DECIDERS[click.action](task.state, click, event)
         if decision.kind is None or decision.apply is None:
-            return _toast(decision.toast_type, decision.toast_key, task.card.render_current())
+            return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
         try:
             recorded = await self._action_log.record(self._action(task.session_id, decision, event))
         except Exception as exc:
@@ -190,7 +190,7 @@ class CardActions:
             task.state.actions_applied = recorded.id
         task.sync_card()  # the reply carries the new card; the scheduler brings every viewer up to date
         self._snapshots.mark_dirty(task)
-        return _toast(decision.toast_type, decision.toast_key, task.card.render_current())
+        return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
 
 
 # -- what each click means (pure reads of the state; changes go through TaskState methods) --------------

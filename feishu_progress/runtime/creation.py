@@ -4,12 +4,18 @@ Idempotent for the runtime: with an ``Idempotency-Key`` a repeated create answer
 key also fixes the ``uuid`` of the first send, so a create that failed after Feishu had in fact sent the
 card finds the same message when tried again (Feishu dedupes a uuid for an hour). Without a key, a
 create whose first card cannot be sent leaves nothing behind (the row is deleted) and answers 503.
+
+Transport ``cardkit`` (the default): the first card is a CardKit card entity (streaming on), saved on the
+task before the message that shows it is sent, so a retried create sends the same entity. If the entity
+cannot be created the task is PATCHed whole instead; when the app lacks the CardKit scope, no task tries
+again for ``FP_CARDKIT__SCOPE_RECHECK_SECONDS``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,7 +24,9 @@ from feishu_progress.config import Settings
 from feishu_progress.db.repo import NewTask, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import CardState
-from feishu_progress.errors import FeishuProgressError, TaskConflict
+from feishu_progress.errors import FeishuAPIError, FeishuProgressError, TaskConflict
+from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
+from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
@@ -40,6 +48,8 @@ class CardSender(Protocol):
     async def reply_card(
         self, message_id: str, card: dict[str, Any], uuid: str, in_thread: bool = False
     ) -> str: ...
+
+    async def create_card_entity(self, card: Mapping[str, Any]) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,7 @@ class TaskCreator:
         self._registry = registry
         self._clock = clock
         self.owner: str | None = None  # cluster mode: this instance's id; it writes what it creates
+        self._no_cardkit_until = -1.0  # monotonic: the app lacked the CardKit scope, PATCH until then
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
         """Create the task and send its first card (raises TaskConflict, FirstCardFailed)."""
@@ -114,11 +125,14 @@ class TaskCreator:
         )
         uuid = first_card_uuid(state.session_id, key)
         try:
+            if state.card_id is None:
+                state.card_id = await self._card_entity(state.session_id, first)
+            content = first if state.card_id is None else card_reference(state.card_id)
             if reply_to:
-                message_id = await self._sender.reply_card(reply_to, first, uuid)
+                message_id = await self._sender.reply_card(reply_to, content, uuid)
             else:
                 message_id = await self._sender.send_card(
-                    state.receive_id, state.receive_id_type, first, uuid
+                    state.receive_id, state.receive_id_type, content, uuid
                 )
         except FeishuProgressError as exc:
             await self._abandon(state.session_id, key, exc)
@@ -127,6 +141,32 @@ class TaskCreator:
         state.message_id = message_id
         self._registry.attach(state)
         return CreatedTask(state.session_id, message_id)
+
+    async def _card_entity(self, session_id: int, first: dict[str, Any]) -> str | None:
+        """A CardKit card entity showing ``first`` (streaming), saved on the task; None: PATCH this task."""
+        if self._settings.card.transport != "cardkit" or self._clock.monotonic() < self._no_cardkit_until:
+            return None
+        cardkit = self._settings.cardkit
+        try:
+            card_id = await self._sender.create_card_entity(
+                entity_card(first, streams=True, typewriter=streaming_config(cardkit))
+            )
+        except FeishuAPIError as exc:
+            if exc.code == CARDKIT_SCOPE_MISSING:
+                self._no_cardkit_until = self._clock.monotonic() + cardkit.scope_recheck_seconds
+                log.warning(
+                    "the app lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
+                    "CardKit is tried again in %.0f s",
+                    cardkit.scope_recheck_seconds,
+                )
+            else:
+                log.warning("task %s: CardKit card not created (%s): PATCHing it whole", session_id, exc.code)
+            return None
+        except FeishuProgressError as exc:
+            log.warning("task %s: CardKit card not created (%r): PATCHing it whole", session_id, exc)
+            return None
+        await self._repo.set_card_entity(session_id, card_id)
+        return card_id
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)
@@ -151,6 +191,11 @@ def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any, owner: s
         idempotency_key=key,
         owner_instance=owner,
     )
+
+
+def card_reference(card_id: str) -> dict[str, Any]:
+    """A message's content that shows a card entity (sent once; the entity is then updated by id)."""
+    return {"type": "card", "data": {"card_id": card_id}}
 
 
 def first_card_uuid(session_id: int, key: str | None) -> str:

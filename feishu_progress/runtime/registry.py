@@ -14,6 +14,7 @@ from feishu_progress.cards.builder import build_degraded_card, build_progress_ca
 from feishu_progress.config import Settings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SubagentSource
+from feishu_progress.progress.card_stream import CardStream
 from feishu_progress.progress.live_card import CardContext, LiveCard, Notifier
 from feishu_progress.runtime.state import TaskState
 from feishu_progress.runtime.task import Task
@@ -73,6 +74,7 @@ class TaskRegistry:
             scheduler=self._scheduler,
             state=state.card_state(),
             metrics=self._metrics,
+            stream=None if state.card_id is None else CardStream(state.card_id, state.fence),
         )
         if state.stop_reason is not None:
             card.mark_stopped(state.stop_reason)  # recalled, expired...: never sent again

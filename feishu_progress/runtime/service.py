@@ -106,6 +106,9 @@ class TaskService:
             return None
         if claim is not None:
             state.fence = claim.fence
+        if not await self.snapshots.new_epoch(state):
+            log.warning("task %s: its card changed hands while it was loaded", session_id)
+            return None
         await self._replay_actions(state)
         held = self.registry.get(session_id)  # loaded meanwhile by a concurrent request
         if held is not None:
@@ -203,6 +206,7 @@ class TaskService:
     async def restore(self) -> int:
         """Single mode: re-attach every unfinished task's live card after a restart; returns how many."""
         states = await self.snapshots.load_unfinished()
+        await self.snapshots.new_epochs(states)
         for state in states:
             await self._replay_actions(state)
             # What Feishu shows may predate the last save: the newest state goes out again.

@@ -166,6 +166,25 @@ class SnapshotStore:
             state_from_record(record) for record in await self._repo.list_unfinished() if record.message_id
         ]
 
+    async def new_epoch(self, state: TaskState) -> bool:
+        """Before writing a CardKit card loaded from the database: a new fence, so this writer's sequences
+        count above every earlier writer's (Feishu refuses a sequence that does not rise). False: the
+        card's fence moved meanwhile (another instance took it)."""
+        if state.card_id is None:
+            return True
+        fence = await self._repo.next_fence(state.session_id, state.fence)
+        if fence is None:
+            return False
+        state.fence = fence
+        return True
+
+    async def new_epochs(self, states: list[TaskState]) -> None:
+        """Single mode, at start: ``new_epoch`` for every CardKit card of ``states`` in one statement."""
+        streamed = [state for state in states if state.card_id is not None]
+        await self._repo.next_fences([state.session_id for state in streamed])
+        for state in streamed:
+            state.fence += 1
+
     async def load(self, session_id: int) -> TaskState | None:
         """One task from the database (an evicted one a click or request asks about)."""
         record = await self._repo.get(session_id)
@@ -202,6 +221,7 @@ def state_from_record(record: TaskRecord) -> TaskState:
         disliked=record.disliked,
         stop_reason=record.stop_reason,
         fence=record.fence,
+        card_id=record.card_id,
         started_at=record.started_at.timestamp(),
         last_event_at=record.last_event_at.timestamp(),
     )

@@ -94,7 +94,8 @@ class TaskState:
     actions_applied: int = 0  # the last action-log id whose effect this state carries
     # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
     applied_batches: dict[str, None] = field(default_factory=dict)
-    fence: int = 0  # cluster mode: the ownership epoch this process holds the card at (task_card.fence)
+    fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
+    card_id: str | None = None  # the CardKit card entity the message shows (None: PATCHed whole)
 
     # ----------------------------------------------------------------- events
     def check_batch(self, events: Sequence[ev.Event]) -> None:
