@@ -59,6 +59,7 @@ class DemoResult:
     message_id: str
     events: int
     patches: int
+    cardkit: dict[str, int]  # the sandbox's CardKit counters: entities, full updates, streamed texts...
     responses: dict[int, int]
     final_status: str
     seconds: float
@@ -333,6 +334,23 @@ async def _subagents(run: DemoRun, image_path: Path) -> str:
     return "two background subagents running"
 
 
+STREAMED_ANSWER = (
+    "限流的根因找到了:每张卡片每秒最多更新 5 次,整个应用每分钟 1000 次。",
+    "所以进度卡把**正文**放进 CardKit 卡片实体里流式输出(打字机效果),",
+    "状态、工具和子代理面板则按自己的节奏整卡更新,",
+    "两者共用一个递增的 sequence,谁也不会挤掉谁。",
+)
+STREAM_DELTA_SECONDS = 0.08  # a model's pace: a few words at a time
+
+
+async def _streamed(run: DemoRun, image_path: Path) -> str:
+    for sentence in STREAMED_ANSWER:
+        for start in range(0, len(sentence), 6):
+            await run.send({"type": "content_delta", "text": sentence[start : start + 6]})
+            await asyncio.sleep(STREAM_DELTA_SECONDS)
+    return "the answer streams in small pieces (CardKit: typed out live; PATCH: whole-card updates)"
+
+
 async def _failures(run: DemoRun, image_path: Path) -> str:
     await run.send(*failing_tool_events(image_path))
     return "a failing shell call, a failed search, a generated image"
@@ -379,6 +397,7 @@ async def _stopped(run: DemoRun, image_path: Path) -> str:
 SCRIPT: tuple[Callable[[DemoRun, Path], Awaitable[str]], ...] = (
     _created,
     _subagents,
+    _streamed,
     _failures,
     _questions,
     _answered_round,
@@ -434,6 +453,7 @@ def _result(run: DemoRun, sandbox: RunningSandbox, metrics: list[str], seconds: 
         message_id=run.message_id,
         events=run.events_sent,
         patches=sandbox.state.requests.get("patch", 0),
+        cardkit=sandbox.state.cardkit.stats(),
         responses=dict(message.responses),
         final_status=_final_status(message.card),
         seconds=seconds,
@@ -469,7 +489,15 @@ def _final_status(card: Mapping[str, Any]) -> str:
 def _summary(out: Print, result: DemoResult) -> None:
     out("\n── summary " + "─" * 50)
     out(f"task {result.session_id} · message {result.message_id} · final state: {result.final_status}")
-    out(f"runtime events sent: {result.events} · card PATCHes delivered to the sandbox: {result.patches}")
+    out(f"runtime events sent: {result.events}")
+    if result.cardkit.get("cards"):
+        kit = result.cardkit
+        out(
+            f"transport: CardKit — the answer text streamed into the card ({kit['content']} streamed texts, "
+            f"{kit['full']} whole-card updates, {kit['settings']} streaming switches)"
+        )
+    else:
+        out(f"transport: message PATCH — {result.patches} card PATCHes delivered to the sandbox")
     out(f"sandbox answers on this message by code: {result.responses} (0 = ok, 230020/99991400 = limited)")
     out(
         f"largest card sent: {result.largest_card_bytes:,} bytes, {result.largest_card_elements} elements "
