@@ -329,7 +329,9 @@ def _build_service(
     images = ImageKeys.from_settings(settings.images, client, services.background, fetcher)
     service = TaskService(
         registry=registry,
-        creator=TaskCreator(settings=settings, repo=tasks, sender=client, registry=registry, clock=clock),
+        creator=TaskCreator(
+            settings=settings, repo=tasks, sender=client, registry=registry, clock=clock, budget=scheduler
+        ),
         applier=EventApplier(
             # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
             subagent_rows=None

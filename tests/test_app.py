@@ -17,7 +17,14 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
 from feishu_progress.app import SERVICES, create_app
-from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.config import (
+    AdminSettings,
+    ApiSettings,
+    CardSettings,
+    FeishuSettings,
+    HttpSettings,
+    Settings,
+)
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -38,7 +45,10 @@ async def sandbox() -> AsyncIterator[RunningSandbox]:
 async def client(
     sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any
 ) -> AsyncIterator[TestClient[Any, Any]]:
+    # These tests read what a click's answer carries and count PATCHes: the PATCH transport. The CardKit
+    # transport (the default) has its own end-to-end tests in test_cardkit_transport.py.
     settings = Settings(
+        card=CardSettings(transport="patch"),
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
         feishu=FeishuSettings(
             base_url=sandbox.base_url,

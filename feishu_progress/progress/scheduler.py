@@ -21,7 +21,8 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -221,6 +222,10 @@ class DeliveryScheduler:
             app_per_second=cardkit.app_per_second, app_per_minute=cardkit.app_per_minute
         )
         self._budgets = {PATCH: self._budget, CARDKIT: AppBudget(cardkit_rate, clock.monotonic())}
+        # Calls that are not card writes (a first card's send or reply, a card entity's create), each API
+        # on its own budget: a burst of new tasks must not meet Feishu's limit either.
+        self._rate = rate
+        self._admissions: dict[str, AppBudget] = {}
         self._metrics = metrics if metrics is not None else Metrics()
         self._backoff = backoff if backoff is not None else BackoffPolicy()
         self._rng = rng if rng is not None else random.Random()
@@ -284,6 +289,24 @@ class DeliveryScheduler:
 
     def _in_flight(self) -> set[str]:
         return {message_id for message_id, slot in self._slots.items() if slot.sending}
+
+    @asynccontextmanager
+    async def admit(self, api: str) -> AsyncIterator[None]:
+        """Make one call that is not a card write within ``api``'s app budget (and, in cluster mode, the
+        budget every instance shares); waits for it. New tasks go ahead of card updates: urgent."""
+        budget = self._admissions.get(api)
+        if budget is None:
+            budget = self._admissions[api] = AppBudget(self._rate, self._clock.monotonic())
+        while not budget.try_take(now := self._clock.monotonic(), urgent=True):
+            await self._clock.sleep(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP))
+        # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
+        grant = None if self.gate is None else await self.gate.enter(api, urgent=True)
+        try:
+            yield
+        finally:
+            budget.settle(self._clock.monotonic())
+            if self.gate is not None and grant is not None:
+                self.gate.leave(grant)
 
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""

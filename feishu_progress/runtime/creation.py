@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +53,12 @@ class CardSender(Protocol):
     async def create_card_entity(self, card: Mapping[str, Any]) -> str: ...
 
 
+class Admission(Protocol):
+    """Paces calls within their API's app budget (the delivery scheduler's ``admit``)."""
+
+    def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CreatedTask:
     session_id: int
@@ -73,8 +80,10 @@ class TaskCreator:
         sender: CardSender,
         registry: TaskRegistry,
         clock: Clock,
+        budget: Admission | None = None,
     ) -> None:
         self._settings = settings
+        self._budget = budget
         self._repo = repo
         self._sender = sender
         self._registry = registry
@@ -128,12 +137,13 @@ class TaskCreator:
             if state.card_id is None:
                 state.card_id = await self._card_entity(state.session_id, first)
             content = first if state.card_id is None else card_reference(state.card_id)
-            if reply_to:
-                message_id = await self._sender.reply_card(reply_to, content, uuid)
-            else:
-                message_id = await self._sender.send_card(
-                    state.receive_id, state.receive_id_type, content, uuid
-                )
+            async with self._paced("reply" if reply_to else "send"):
+                if reply_to:
+                    message_id = await self._sender.reply_card(reply_to, content, uuid)
+                else:
+                    message_id = await self._sender.send_card(
+                        state.receive_id, state.receive_id_type, content, uuid
+                    )
         except FeishuProgressError as exc:
             await self._abandon(state.session_id, key, exc)
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
@@ -148,9 +158,10 @@ class TaskCreator:
             return None
         cardkit = self._settings.cardkit
         try:
-            card_id = await self._sender.create_card_entity(
-                entity_card(first, streams=True, typewriter=streaming_config(cardkit))
-            )
+            async with self._paced("card_create"):
+                card_id = await self._sender.create_card_entity(
+                    entity_card(first, streams=True, typewriter=streaming_config(cardkit))
+                )
         except FeishuAPIError as exc:
             if exc.code == CARDKIT_SCOPE_MISSING:
                 self._no_cardkit_until = self._clock.monotonic() + cardkit.scope_recheck_seconds
@@ -167,6 +178,9 @@ class TaskCreator:
             return None
         await self._repo.set_card_entity(session_id, card_id)
         return card_id
+
+    def _paced(self, api: str) -> AbstractAsyncContextManager[None]:
+        return nullcontext() if self._budget is None else self._budget.admit(api)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)
