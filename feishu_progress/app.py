@@ -308,6 +308,20 @@ def _scheduler(settings: Settings, client: FeishuClient, clock: Clock, metrics: 
     )
 
 
+def _applier(
+    services: Services, db: Database, manager: SubagentManager, images: ImageKeys, snapshots: SnapshotStore
+) -> EventApplier:
+    return EventApplier(
+        # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
+        subagent_rows=None if services.agent_db is not None else SubagentRepository(db, services.background),
+        manager=manager,
+        images=images,
+        snapshots=snapshots,
+        clock=services.clock,
+        metrics=services.metrics,
+    )
+
+
 def _build_service(
     services: Services, db: Database, client: FeishuClient, fetcher: ImageFetcher
 ) -> TaskService:
@@ -332,17 +346,7 @@ def _build_service(
         creator=TaskCreator(
             settings=settings, repo=tasks, sender=client, registry=registry, clock=clock, budget=scheduler
         ),
-        applier=EventApplier(
-            # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
-            subagent_rows=None
-            if services.agent_db is not None
-            else SubagentRepository(db, services.background),
-            manager=manager,
-            images=images,
-            snapshots=snapshots,
-            clock=clock,
-            metrics=metrics,
-        ),
+        applier=_applier(services, db, manager, images, snapshots),
         snapshots=snapshots,
         action_log=action_log,
         housekeeping=Housekeeping(

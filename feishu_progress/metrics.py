@@ -6,7 +6,7 @@ one process never collide. Rooms that need more collectors add attributes here, 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Staleness is "newest update -> its delivery": mostly the 250 ms pacing, seconds under budget pressure.
 _STALENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -17,9 +17,16 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._delivery()
+        self._runtime()
+        self._cluster()
+
+    def _delivery(self) -> None:
+        """The delivery scheduler's: card writes, rate limits, staleness, the outage breaker."""
         self.patches = Counter(
             "fp_patches_total",
-            "Card PATCH attempts by outcome (delivered, retry_message, pause_app, backoff, stop, degrade).",
+            "Card write attempts (PATCH or CardKit) by outcome (delivered, partial: CardKit text only, "
+            "retry_message, pause_app, backoff, stop, degrade).",
             ["outcome"],
             registry=self.registry,
         )
@@ -57,12 +64,14 @@ class Metrics:
             ["to"],
             registry=self.registry,
         )
+
+    def _runtime(self) -> None:
+        """The runtime rooms': live cards, events, callbacks, subagent queries."""
         self.live_cards = Gauge(
             "fp_live_cards",
             "Live cards currently registered.",
             registry=self.registry,
         )
-
         self.events = Counter(
             "fp_events_total",
             "Runtime events applied to tasks.",
@@ -87,7 +96,8 @@ class Metrics:
             registry=self.registry,
         )
 
-        # Cluster mode: the app budget shared through Redis (cluster/budget.py).
+    def _cluster(self) -> None:
+        """Cluster mode's: the app budget shared through Redis (cluster/budget.py)."""
         self.budget_acquire_seconds = Histogram(
             "fp_budget_acquire_seconds",
             "Time of one shared-budget decision (one Redis script call, or the local share), by mode.",
@@ -118,10 +128,6 @@ class Metrics:
             "Switches from the shared Redis budget to the local fallback (Redis failed or timed out).",
             registry=self.registry,
         )
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every collector in this registry."""
-        return generate_latest(self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """The current value of one sample (0.0 when absent); handy for tests and admin pages."""
