@@ -104,6 +104,9 @@ def live_cards(services: Services) -> list[dict[str, object]]:
             "status": task.state.status.value,
             "round": task.state.round,
             "message_id": task.state.message_id,
+            # cardkit: a card entity whose text streams (its id); patch: the message is PATCHed whole.
+            "transport": "patch" if task.state.card_id is None else "cardkit",
+            "card_id": task.state.card_id,
             "stopped_reason": task.card.stopped_reason,
             "seconds_since_event": round(now - task.state.last_event_at, 1),
             "owner": services.settings.instance_id,  # an instance lists only the cards it writes

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from feishu_progress.app import create_app
+from feishu_progress.app import SERVICES, create_app
 from feishu_progress.cards.builder import ANSWER_ELEMENT_ID
 from feishu_progress.client import FeishuProgressClient
 from feishu_progress.config import CardKitSettings, CardSettings
@@ -37,6 +37,7 @@ from feishu_progress.demo import (
     demo_settings,
 )
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, plan
+from feishu_progress.readiness import live_cards
 from feishu_progress.sandbox.cardkit import CardEntity
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -65,7 +66,8 @@ async def service(
                     "cardkit": cardkit or CardKitSettings(),
                 }
             )
-            runner = web.AppRunner(create_app(settings, sandbox=sandbox), access_log=None)
+            app = create_app(settings, sandbox=sandbox)
+            runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             try:
                 site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -73,7 +75,9 @@ async def service(
                 host, port = runner.addresses[0][:2]
                 base_url = f"http://{host}:{port}"
                 async with FeishuProgressClient(base_url, API_TOKEN) as fp, aiohttp.ClientSession() as http:
-                    yield DemoRun(fp, http, base_url, sandbox, quiet)
+                    run = DemoRun(fp, http, base_url, sandbox, quiet)
+                    run.services = app[SERVICES]  # type: ignore[attr-defined]  # the admin side, for a look
+                    yield run
             finally:
                 await runner.cleanup()
 
@@ -149,6 +153,8 @@ async def test_text_streams_at_five_updates_a_second_while_panels_still_update()
         assert card.record.updates["full"] >= 2  # the tool panel moved meanwhile
         assert rate_limited(run) == 0
         assert card.sequence is not None and card.sequence >> 20 == 0  # a fresh card: fence 0
+        (listed,) = live_cards(run.services)  # type: ignore[attr-defined]
+        assert (listed["transport"], listed["card_id"]) == ("cardkit", card.card_id)
 
 
 async def test_a_stream_survives_the_window_closing_without_losing_text() -> None:
@@ -250,6 +256,7 @@ async def test_without_the_cardkit_scope_tasks_fall_back_to_patch_and_ask_once()
         assert run.sandbox.state.requests.get("patch", 0) >= 1
         assert run.sandbox.state.requests.get("card_create", 0) == 1  # the missing scope is remembered
         assert not run.sandbox.state.cardkit.cards
+        assert {card["transport"] for card in live_cards(run.services)} == {"patch"}  # type: ignore[attr-defined]
 
 
 async def test_patch_transport_sends_no_cardkit_call() -> None:
