@@ -138,6 +138,11 @@ async def test_restart_after_kill_reattaches_the_same_card(harness: Harness) -> 
         final = await harness.card_status(message_id, "已完成")
         assert "第 4 轮" in card_text(final)
         assert len(harness.sandbox.state.messages) == 1  # no second card was sent
+        # A CardKit card (the default transport): the restarted writer's sequences began a new epoch above
+        # the killed one's, so Feishu refused none of them.
+        (entity,) = harness.sandbox.state.cardkit.cards.values()
+        assert entity.message_id == message_id and entity.sequence is not None and entity.sequence >> 20 >= 1
+        assert harness.sandbox.state.messages[message_id].responses.get(300317, 0) == 0
     finally:
         assert await harness.stop(service) == 0
 
