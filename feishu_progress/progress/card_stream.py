@@ -111,10 +111,11 @@ def plan(
         switch = (Op.STREAM_OFF,) if stream.streaming is not False else ()
         changed = panels_owed or text != stream.text or bool(switch)
         return Plan((*switch, Op.FULL) if changed else ())
-    reopen = stream.streaming is not True or now - stream.opened_at >= pacing.streaming_window
+    resumed = stream.streaming is not True  # after a wait for the user (or unknown): show the new state now
+    reopen = resumed or now - stream.opened_at >= pacing.streaming_window
     switch = (Op.STREAM_ON,) if reopen else ()
     due = stream.written_at + pacing.panel_interval
-    if panels_owed and (urgent or now >= due or element_changed):
+    if panels_owed and (urgent or now >= due or element_changed or resumed):
         return Plan((*switch, Op.FULL))
     owed_at = due if panels_owed else None
     if text != stream.text:

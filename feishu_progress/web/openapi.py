@@ -85,7 +85,9 @@ class CallbackCard(_Feishu):
 
 
 class CallbackAnswer(_Feishu):
-    """The answer to a click: a toast for the user and, usually, the card as it is now."""
+    """The answer to a click: a toast for the user and, for a PATCHed card (``FP_CARD__TRANSPORT=patch``),
+    the card as it is now. A CardKit card gets no card in the answer: Feishu does not update a streaming
+    card entity from a callback answer; the click's change is written to the entity at once instead."""
 
     toast: CallbackToast | SkipJsonSchema[None] = Field(default=None, json_schema_extra=absent_when_none)
     card: CallbackCard | SkipJsonSchema[None] = Field(default=None, json_schema_extra=absent_when_none)
@@ -492,7 +494,7 @@ def _feishu_callback() -> dict[str, Any]:
         "requestBody": {"required": True, "content": {JSON: {"schema": _callback_body_schema()}}},
         "responses": {
             "200": {
-                "description": "A toast and the card, or the URL check's challenge.",
+                "description": "A toast (and, for a PATCHed card, the card), or the URL check's challenge.",
                 "content": {
                     JSON: {
                         "schema": {"anyOf": [_ref("CallbackAnswer"), _ref("UrlVerificationAnswer")]},
