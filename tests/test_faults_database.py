@@ -162,7 +162,10 @@ async def test_a_ten_second_database_cut_mid_task_loses_nothing(
     assert (record.round, record.message_id) == (2, message_id)
     assert set(runtime.answers) <= {202, 503}
     assert (await readiness(harness, service))[0] == 200
-    assert harness.sandbox.state.messages[message_id].card == final  # nothing changed after the cut
+    requests = dict(harness.sandbox.state.requests)
+    # Nothing changed after the cut (the request counts tell which API wrote the card if something did).
+    assert harness.sandbox.state.messages[message_id].card == final, requests
+    assert "patch" not in requests  # a CardKit card is never PATCHed
 
     await harness.stop(service, signal.SIGKILL)  # no shutdown flush: only what was saved survives
     restarted = await harness.start()
