@@ -226,6 +226,9 @@ class DeliveryScheduler:
         # on its own budget: a burst of new tasks must not meet Feishu's limit either.
         self._rate = rate
         self._admissions: dict[str, AppBudget] = {}
+        # The budgets some card has used: a pass can stop early only when each of these is spent (an
+        # unused budget, e.g. CardKit's with FP_CARD__TRANSPORT=patch, must not make every pass a full scan).
+        self._apis: set[str] = set()
         self._metrics = metrics if metrics is not None else Metrics()
         self._backoff = backoff if backoff is not None else BackoffPolicy()
         self._rng = rng if rng is not None else random.Random()
@@ -314,8 +317,9 @@ class DeliveryScheduler:
             return
         slot = self._slots.get(card.message_id)
         if slot is None:
-            slot = self._slots[card.message_id] = _Slot(card)
+            slot = self._slots[card.message_id] = self._new_slot(card)
         slot.card = card
+        self._apis.add(slot.api)  # the card may have been re-attached with another transport
         newly_pending = slot.waiting_since is None
         if newly_pending:
             slot.waiting_since = self._clock.monotonic()
@@ -325,12 +329,17 @@ class DeliveryScheduler:
         if (newly_pending or newly_urgent) and not slot.in_flight:
             self._events.wake.set()
 
+    def _new_slot(self, card: Deliverable) -> _Slot:
+        slot = _Slot(card)
+        self._apis.add(slot.api)
+        return slot
+
     def hold(self, card: Deliverable, seconds: float) -> None:
         """Send nothing of ``card`` for ``seconds`` (a card taken from a dead instance: its last write may
         still be in flight), then its newest state."""
         slot = self._slots.get(card.message_id)
         if slot is None:
-            slot = self._slots[card.message_id] = _Slot(card)
+            slot = self._slots[card.message_id] = self._new_slot(card)
         slot.next_start = max(slot.next_start, self._clock.monotonic() + seconds)
 
     def drop(self, message_id: str) -> None:
@@ -392,7 +401,7 @@ class DeliveryScheduler:
             return None if math.isinf(budget_at) else budget_at
         ready, earliest = self._ready(now)
         spent: dict[str, float] = {}  # budgets found spent in this pass, and when they refill
-        while ready and len(spent) < len(self._budgets):
+        while ready and len(spent) < len(self._apis):
             priority, _, slot = heapq.heappop(ready)
             api = slot.api
             if api in spent:
@@ -410,7 +419,8 @@ class DeliveryScheduler:
         return None if math.isinf(wake_at) else wake_at
 
     def _budget_at(self, now: float) -> float:
-        return min(budget.next_available(now, urgent=True) for budget in self._budgets.values())
+        """The soonest any budget a card uses has room (each of them spent: nothing can start before)."""
+        return min((self._budgets[api].next_available(now, urgent=True) for api in self._apis), default=now)
 
     def _ready(self, now: float) -> tuple[list[tuple[tuple[int, float], int, _Slot]], float]:
         """The cards that may be written now, as a heap (best first), and when the next other one may."""
