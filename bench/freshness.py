@@ -50,6 +50,7 @@ API_TOKEN = "fresh-api-token"
 TRANSPORTS = ("cardkit", "patch")
 BUDGET_PER_SECOND = 1000 / 60  # both APIs: 1000 writes per minute per app
 CREATE_CONCURRENCY = 64
+CREATE_ATTEMPTS = 20
 DEFAULT_SECONDS = 25.0
 DEFAULT_SCALE = {1: 1.0, 100: 1.0, 1000: 5.0}
 SLOWER = {1000: 5.0}  # real-time delta interval multiplier (see the docstring)
@@ -192,10 +193,15 @@ class Runtime:
             "requester_open_id": "ou_fresh",
             "title": f"新鲜度 {index}",
         }
-        async with self.http.post(f"{self.service}/v1/tasks", json=body) as response:
-            if response.status != 201:
-                raise RuntimeError(f"create answered {response.status}: {(await response.text())[:200]}")
-            return int((await response.json())["session_id"])
+        for _ in range(CREATE_ATTEMPTS):  # a busy service answers 503 with retry_after: do as it says
+            async with self.http.post(f"{self.service}/v1/tasks", json=body) as response:
+                if response.status == 201:
+                    return int((await response.json())["session_id"])
+                text = await response.text()
+                if response.status != 503:
+                    break
+                await asyncio.sleep(float(json.loads(text).get("retry_after", 1)))
+        raise RuntimeError(f"create answered {response.status}: {text[:200]}")
 
     async def post(self, session_id: int, event: dict[str, Any]) -> bool:
         url = f"{self.service}/v1/tasks/{session_id}/events"
