@@ -6,6 +6,7 @@ rule (skipped without a server, a failure under CI=true).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from pathlib import Path
@@ -74,8 +75,11 @@ async def test_db_smoke(bench_database_url: str) -> None:
 
 async def test_freshness_smoke_both_transports() -> None:
     freshness = _bench("freshness")
-    for transport in freshness.TRANSPORTS:
-        result = await freshness.one_run(transport, cards=2, seconds=2.0, scale=1.0, every=(0.3, 0.5))
+    runs = [
+        freshness.one_run(transport, cards=2, seconds=2.0, scale=1.0, every=(0.3, 0.5))
+        for transport in freshness.TRANSPORTS
+    ]
+    for transport, result in zip(freshness.TRANSPORTS, await asyncio.gather(*runs), strict=True):
         assert result.deltas > 0, transport
         assert result.seen_pct > 0, transport
         assert result.rate_limited == 0, transport
