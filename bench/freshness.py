@@ -7,6 +7,8 @@ RUNNING, then every card gets a ``content_delta`` every 0.3–0.5 s (``--every-m
 marker ``⟦card:k⟧``. A delta's FRESHNESS is the time from the moment its runtime POST was answered 202 to
 the first card the sandbox accepted for that message (a streamed element text or a whole card) whose JSON
 holds the marker. SEEN is the share of answered deltas that some card ever showed before the drain ended.
+What is timed is Feishu accepting the text; CardKit's client-side typewriter (``print_frequency_ms``,
+``print_step``) then types it out, a display delay this benchmark does not count.
 
 Three processes per run, as in load.py: the SANDBOX, the SERVICE (``create_app``, SQLite in a temp dir,
 ``FP_CARD__TRANSPORT`` set per run) and this process, the RUNTIME CLIENTS (one coroutine per card, one POST
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +168,6 @@ class FreshnessResult:
     one_pass: float = math.nan  # scaled s to write every card once at the app budget
     rate_limited: int = 0
     post_errors: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def summarise(result: FreshnessResult, answered: Mapping[str, float], seen: Mapping[str, float]) -> None:
