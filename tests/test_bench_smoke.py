@@ -6,6 +6,7 @@ rule (skipped without a server, a failure under CI=true).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from pathlib import Path
@@ -70,3 +71,22 @@ async def test_db_smoke(bench_database_url: str) -> None:
     measured = await db_bench.run_once(url, parents, 0.2, 2)
     assert measured["batched"].rows_per_call == 30
     assert measured["per parent"].calls_per_s > 0
+
+
+async def test_freshness_smoke_both_transports() -> None:
+    freshness = _bench("freshness")
+    runs = [
+        freshness.one_run(transport, cards=2, seconds=2.0, scale=1.0, every=(0.3, 0.5))
+        for transport in freshness.TRANSPORTS
+    ]
+    for transport, result in zip(freshness.TRANSPORTS, await asyncio.gather(*runs), strict=True):
+        assert result.deltas > 0, transport
+        assert result.seen_pct > 0, transport
+        assert result.rate_limited == 0, transport
+        assert result.post_errors == 0, transport
+
+
+def test_freshness_first_seen_takes_the_earliest_card() -> None:
+    freshness = _bench("freshness")
+    history = [(1.0, {"text": "⟦0:0⟧"}), (2.0, {"text": "⟦0:0⟧ ⟦0:1⟧"}), (3.0, {"text": "⟦0:1⟧ ⟦0:2⟧"})]
+    assert freshness.first_seen(history, 10.0) == {"0:0": 11.0, "0:1": 12.0, "0:2": 13.0}
