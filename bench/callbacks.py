@@ -1,14 +1,15 @@
 """Callback latency as the server sees it: the service in its own process, the clicks from this one.
 
-    python bench/callbacks.py --bursts 20,200 --runs 3 --pin
+    python bench/callbacks.py --bursts 20,200 --tasks 20,200 --runs 3 --pin
 
 Per run: the SERVICE (``create_app``, SQLite in a temp dir, an encrypt key and a verification token, so
 a click is checked and decrypted exactly as Feishu sends it) starts in a spawned process; this process
-serves the sandbox (Feishu's side) and creates ``--tasks`` running tasks through the API. Then, for each
-burst size B, one warm-up burst of B clicks (it opens the B keep-alive connections a burst uses, so
-connection set-up is not timed) and one measured burst: B concurrent ``card.action.trigger`` clicks
-(dislike by the requester, spread over the tasks), each signed and encrypted before the clock starts,
-posted to /feishu/callback; latency is perf_counter around each POST at the client.
+serves the sandbox (Feishu's side) and creates N running tasks through the API (N: each of ``--tasks``).
+Then, for each burst size B, one warm-up burst of B clicks (it opens the B keep-alive connections a
+burst uses, so connection set-up is not timed) and one measured burst: B concurrent
+``card.action.trigger`` clicks (dislike by the requester, spread over the tasks), each signed and
+encrypted before the clock starts, posted to /feishu/callback; latency is perf_counter around each
+POST at the client.
 
 With ``--pin`` the service runs alone on core 0 and this process (clients + sandbox) on core 1, so the
 figure is the server's and not the client's CPU fighting it. Per burst size: p50/p99/max per run, then
@@ -194,31 +195,35 @@ def spread(values: list[float]) -> str:
     return f"{median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
-def table(runs: list[list[Burst]], sizes: list[int], tasks: int, pin: bool) -> str:
+def table(runs: dict[int, list[list[Burst]]], sizes: list[int], pin: bool) -> str:
+    """One row per (running tasks, burst size): medians of the runs with min–max."""
     where = (
         f"service pinned to core {SERVICE_CORE}, clients + sandbox on core {CLIENT_CORE}"
         if pin
         else "service and clients in separate processes, not pinned"
     )
+    count = max(len(r) for r in runs.values())
     lines = [
         "## Callbacks: concurrent signed, encrypted clicks, the service in its own process "
         "(`bench/callbacks.py`)",
         "",
-        f"Clicks (dislike by the requester) on {tasks} running tasks, {where}; latency at the client, "
-        f"after a warm-up burst of the same size. Medians of {len(runs)} run(s), min–max in brackets. "
-        "Feishu's deadline is 3 000 ms.",
+        f"Clicks (dislike by the requester) spread at random over the running tasks, {where}; latency at "
+        f"the client, after a warm-up burst of the same size. Medians of {count} run(s), min–max in "
+        "brackets. Feishu's deadline is 3 000 ms. Clicks on one card are applied one after the other "
+        "(each waits for its action-log write), so fewer cards means longer queues.",
         "",
-        "| concurrent clicks | p50 ms | p99 ms | max ms | non-200 answers | p99 target |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| running tasks | concurrent clicks | p50 ms | p99 ms | max ms | non-200 answers | p99 target |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for index, size in enumerate(sizes):
-        bursts = [run[index] for run in runs]
-        target = TARGET_P99_MS.get(size)
-        lines.append(
-            f"| {size} | {spread([b.p50_ms for b in bursts])} | {spread([b.p99_ms for b in bursts])} | "
-            f"{spread([b.max_ms for b in bursts])} | {sum(b.failures for b in bursts)} | "
-            f"{f'≤ {target:g} ms' if target else '—'} |"
-        )
+    for tasks, task_runs in runs.items():
+        for index, size in enumerate(sizes):
+            bursts = [run[index] for run in task_runs]
+            target = TARGET_P99_MS.get(size)
+            lines.append(
+                f"| {tasks} | {size} | {spread([b.p50_ms for b in bursts])} | "
+                f"{spread([b.p99_ms for b in bursts])} | {spread([b.max_ms for b in bursts])} | "
+                f"{sum(b.failures for b in bursts)} | {f'≤ {target:g} ms' if target else '—'} |"
+            )
     return "\n".join(lines)
 
 
@@ -226,20 +231,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bursts", default="20,200", help="comma-separated concurrent click counts")
-    parser.add_argument("--tasks", type=int, default=20, help="running tasks the clicks land on")
+    parser.add_argument("--tasks", default="20,200", help="comma-separated running task counts")
     parser.add_argument("--pin", action="store_true", help="service on core 0, clients + sandbox on core 1")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     sizes = [int(x) for x in args.bursts.split(",") if x.strip()]
-    runs = []
-    for run in range(args.runs):
-        runs.append(asyncio.run(one_run(args.tasks, sizes, pin=args.pin)))
-        summary = ", ".join(
-            f"{b.clicks}: p50 {b.p50_ms:.1f} p99 {b.p99_ms:.1f} max {b.max_ms:.1f} ms ({b.failures} non-200)"
-            for b in runs[-1]
-        )
-        print(f"run {run + 1}: {summary}", flush=True)
-    text = table(runs, sizes, args.tasks, args.pin)
+    runs: dict[int, list[list[Burst]]] = {}
+    for tasks in [int(x) for x in args.tasks.split(",") if x.strip()]:
+        runs[tasks] = []
+        for run in range(args.runs):
+            runs[tasks].append(asyncio.run(one_run(tasks, sizes, pin=args.pin)))
+            summary = ", ".join(
+                f"{b.clicks}: p50 {b.p50_ms:.1f} p99 {b.p99_ms:.1f} max {b.max_ms:.1f} ms "
+                f"({b.failures} non-200)"
+                for b in runs[tasks][-1]
+            )
+            print(f"{tasks} tasks, run {run + 1}: {summary}", flush=True)
+    text = table(runs, sizes, args.pin)
     print("\n" + text)
     if not args.no_write:
         write_section("callbacks", text)
