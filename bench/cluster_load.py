@@ -42,6 +42,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.engine import make_url
 
 from bench.common import jain, median, write_section
+from bench.load import finals_poll_seconds
 from bench.workload import TaskStream
 from feishu_progress.domain import TaskStatus
 from tests.cluster_checks import rate_limit_answers, takeover_seconds, undelivered_finals
@@ -266,7 +267,7 @@ async def _wait_for_finals(cluster: Cluster, ours: set[str], tasks: int) -> dict
         log = await cluster.sandbox_log()
         if not undelivered_finals(log["messages"], expected) or time.monotonic() > deadline:
             return log
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(finals_poll_seconds(tasks))
 
 
 def _delivery(result: RunResult, messages: list[dict[str, Any]], start: float, end: float) -> None:
