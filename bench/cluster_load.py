@@ -251,7 +251,11 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
     messages = log["messages"]
     expected = {mid: TaskStatus.COMPLETED for _, mid in created}
     result.finals_pct = 100.0 * (len(expected) - len(undelivered_finals(messages, expected))) / len(expected)
-    result.rate_limit_answers = len(rate_limit_answers(messages))
+    answers = rate_limit_answers(messages)
+    result.rate_limit_answers = len(answers)
+    if answers:  # printed, to tell a budget bug from a kill's side effect
+        marks = f"stream {window_start:.3f}–{window_end:.3f}, kill at {killed_at or math.nan:.3f} ({victim})"
+        print(f"rate-limit answers ({marks}):", *answers[:20], sep="\n  ", flush=True)
     _delivery(result, messages, window_start, window_end)
     if killed_at is not None and victim is not None:
         waits = list(takeover_seconds(messages, victim, killed_at).values())

@@ -19,6 +19,10 @@ window ÷ 1000/min × window; Jain's index of PATCHes per card; staleness = gap 
 PATCHes of one card (every card always has news) against the ideal cards ÷ (1000/60 s); events/s
 accepted by the service; the service's CPU s per 1 000 events (its time.process_time); subagent queries
 per (scaled) second as the service counted them.
+
+``--pin`` puts the service alone on core 0 and the sandbox and this process on core 1 (the "events/s on one
+core" figure); ``--idle-only`` only creates the tasks and measures RSS per idle card (10 000 cards in a
+minute); ``--profile`` prints the service's cProfile of the stream phase by own and by cumulative time.
 """
 
 from __future__ import annotations
