@@ -19,6 +19,10 @@ window ÷ 1000/min × window; Jain's index of PATCHes per card; staleness = gap 
 PATCHes of one card (every card always has news) against the ideal cards ÷ (1000/60 s); events/s
 accepted by the service; the service's CPU s per 1 000 events (its time.process_time); subagent queries
 per (scaled) second as the service counted them.
+
+``--pin`` puts the service alone on core 0 and the sandbox and this process on core 1 (the "events/s on one
+core" figure); ``--idle-only`` only creates the tasks and measures RSS per idle card (10 000 cards in a
+minute); ``--profile`` prints the service's cProfile of the stream phase by own and by cumulative time.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import gc
 import io
 import math
 import multiprocessing
+import os
 import pstats
 import random
 import sys
@@ -59,12 +64,20 @@ WARM_TASKS = 5
 CREATE_CONCURRENCY = 64
 DEFAULT_SECONDS = {100: 20.0, 1000: 30.0, 5000: 45.0}
 DEFAULT_SCALE = {100: 3.0, 1000: 5.0, 5000: 20.0}
+SERVICE_CORE, OTHER_CORE = 0, 1
 
 
 # --- the sandbox process ---------------------------------------------------------------------------
 
 
-def _serve_sandbox(queue: Any, scale: float) -> None:
+def _pin(cores: set[int] | None) -> None:
+    """Restrict this process to ``cores`` (None: leave it free), so each process's CPU is its own core."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+
+
+def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -> None:
+    _pin(cores)
     from feishu_progress.sandbox.server import STATE_KEY, create_sandbox_app
     from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
 
@@ -114,7 +127,10 @@ def _serve_sandbox(queue: Any, scale: float) -> None:
 # --- the service process ---------------------------------------------------------------------------
 
 
-def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdir: str) -> None:
+def _serve_service(
+    queue: Any, kind: str, sandbox_url: str, scale: float, workdir: str, *, cores: set[int] | None = None
+) -> None:
+    _pin(cores)
     import logging
 
     logging.basicConfig(level=logging.CRITICAL)
@@ -183,7 +199,9 @@ def _serve_service(queue: Any, kind: str, sandbox_url: str, scale: float, workdi
                 return web.json_response({})
             profiler.disable()
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+            for order in ("tottime", "cumulative"):
+                out.write(f"=== sorted by {order} ===\n")
+                pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(30)
             return web.json_response({"text": out.getvalue()})
 
         app.router.add_get("/_bench/stats", stats)
@@ -223,6 +241,7 @@ class RunResult:
     cpu_util: float = math.nan
     rss_per_card: float = math.nan
     subagent_qps: float = math.nan
+    live_cards: int = 0  # --idle-only: the service's fp_live_cards after creating the tasks
     mean_batch: float = math.nan
     post_errors: int = 0
     client_cpu_util: float = math.nan
@@ -298,19 +317,37 @@ class Bench:
 
 
 async def one_run(
-    kind: str, *, tasks: int, seconds: float, scale: float, flush: float, seed: int, profile: bool = False
+    kind: str,
+    *,
+    tasks: int,
+    seconds: float,
+    scale: float,
+    flush: float,
+    seed: int,
+    profile: bool = False,
+    pin: bool = False,
+    idle_only: bool = False,
 ) -> RunResult:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     result = RunResult(kind, tasks, scale, seconds)
+    # --pin: the service alone on core 0; the sandbox and this load generator share core 1.
+    service_cores, other_cores = ({SERVICE_CORE}, {OTHER_CORE}) if pin else (None, None)
+    previous = os.sched_getaffinity(0)
     with tempfile.TemporaryDirectory(prefix="fp-bench-") as workdir:
-        sandbox_proc = context.Process(target=_serve_sandbox, args=(queue, scale), daemon=True)
+        sandbox_proc = context.Process(
+            target=_serve_sandbox, args=(queue, scale), kwargs={"cores": other_cores}, daemon=True
+        )
         sandbox_proc.start()
         sandbox_url = queue.get(timeout=60)
         service_proc = context.Process(
-            target=_serve_service, args=(queue, kind, sandbox_url, scale, workdir), daemon=True
+            target=_serve_service,
+            args=(queue, kind, sandbox_url, scale, workdir),
+            kwargs={"cores": service_cores},
+            daemon=True,
         )
         service_proc.start()
+        _pin(other_cores)
         try:
             service_url = queue.get(timeout=60)
             connector = aiohttp.TCPConnector(limit=256)
@@ -318,14 +355,39 @@ async def one_run(
             headers = {"Authorization": f"Bearer {API_TOKEN}"}
             async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
                 bench = Bench(http, service_url, sandbox_url, scale)
-                await _measure(
-                    bench, result, tasks=tasks, seconds=seconds, flush=flush, seed=seed, profile=profile
-                )
+                if idle_only:
+                    await _measure_idle(bench, result, tasks=tasks)
+                else:
+                    await _measure(
+                        bench, result, tasks=tasks, seconds=seconds, flush=flush, seed=seed, profile=profile
+                    )
         finally:
+            os.sched_setaffinity(0, previous)
             for proc in (service_proc, sandbox_proc):
                 proc.terminate()
                 proc.join(10)
+    if pin:
+        result.notes.append(
+            f"pinned: service on core {SERVICE_CORE}, sandbox + load generator on core {OTHER_CORE}"
+        )
     return result
+
+
+async def _idle_cards(bench: Bench, result: RunResult, tasks: int) -> list[tuple[int, str]]:
+    """Warm up (imports, pools, first token), then RSS of ``tasks`` idle live cards; the created tasks."""
+    await bench.create_many(WARM_TASKS, 10_000_000)
+    rss0 = (await bench.stats(gc_first=True))["rss"]
+    created = await bench.create_many(tasks, 0)
+    rss1 = (await bench.stats(gc_first=True))["rss"]
+    result.rss_per_card = (rss1 - rss0) / tasks
+    return created
+
+
+async def _measure_idle(bench: Bench, result: RunResult, *, tasks: int) -> None:
+    """--idle-only: RSS per idle live card, nothing streamed (so 10 000 cards take a minute, not ten)."""
+    await _idle_cards(bench, result, tasks)
+    after = await bench.stats()
+    result.live_cards = int(after.get("live_cards", 0))
 
 
 async def _measure(
@@ -340,12 +402,7 @@ async def _measure(
 ) -> None:
     rng = random.Random(seed)
     clock = bench.clock
-    # Warm up (imports, pools, first token), then RSS of N idle live cards.
-    await bench.create_many(WARM_TASKS, 10_000_000)
-    rss0 = (await bench.stats(gc_first=True))["rss"]
-    created = await bench.create_many(tasks, 0)
-    rss1 = (await bench.stats(gc_first=True))["rss"]
-    result.rss_per_card = (rss1 - rss0) / tasks
+    created = await _idle_cards(bench, result, tasks)
 
     # Stream phase.
     streams = {
@@ -397,13 +454,18 @@ async def _measure(
         done = sum(1 for mid in ours if report["messages"][mid]["template"] == "green")
         if done == tasks or time.monotonic() > deadline:
             break
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(finals_poll_seconds(tasks))
     result.finals_pct = 100.0 * done / tasks
     last = max((max(report["messages"][m]["times"], default=finished_at) for m in ours), default=finished_at)
     result.finals_seconds = last - finished_at if done == tasks else math.nan
     result.rate_limit_230020 = int(report["responses"].get("230020", 0))
     result.rate_limit_429 = int(report["responses"].get("99991400", 0))
     _delivery_metrics(result, report, ours, start=window_start, end=window_end, tasks=tasks)
+
+
+def finals_poll_seconds(tasks: int) -> float:
+    """How often to ask the sandbox for the finals: a report of thousands of cards is heavy, of a few not."""
+    return min(1.0, 0.01 * tasks)
 
 
 def _delivery_metrics(
@@ -488,6 +550,33 @@ def table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def spread(fmt: str, values: list[float]) -> str:
+    """Median (min–max) of the values that are not NaN."""
+    xs = [v for v in values if not math.isnan(v)]
+    if not xs:
+        return "—"
+    return f"{fmt.format(median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
+
+
+def idle_table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str:
+    """--idle-only: RSS per idle live card, median (min–max) per service."""
+    lines = [
+        f"### Memory: {tasks:,} idle live cards (`bench/load.py --idle-only`)",
+        "",
+        "RSS of the service after `gc.collect()`, after 5 warm-up tasks and again after creating the idle "
+        f"tasks (each sent its card, none streamed), divided by {tasks:,}. Medians of "
+        f"{max(len(ours), len(naive))} run(s), min–max in brackets.",
+        "",
+        "| service | RSS per idle live card | live cards reported |",
+        "|---|---:|---:|",
+    ]
+    for name, runs in (("ours", ours), ("naive", naive)):
+        if runs:
+            rss = spread("{:,.0f} B", [r.rss_per_card for r in runs])
+            lines.append(f"| {name} | {rss} | {median(float(r.live_cards) for r in runs):,.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="100,1000,5000", help="comma-separated live card counts")
@@ -497,6 +586,12 @@ def main() -> None:
     parser.add_argument("--flush-ms", type=float, default=250, help="runtime client batching interval")
     parser.add_argument("--only", choices=("ours", "naive", "both"), default="both")
     parser.add_argument("--profile", action="store_true", help="cProfile the service's stream phase")
+    parser.add_argument(
+        "--pin", action="store_true", help="service on core 0, sandbox + load generator on core 1"
+    )
+    parser.add_argument(
+        "--idle-only", action="store_true", help="only RSS per idle live card: create tasks, stream nothing"
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     sizes = [int(x) for x in args.tasks.split(",") if x.strip()]
@@ -518,13 +613,20 @@ def main() -> None:
                         flush=args.flush_ms / 1000,
                         seed=run,
                         profile=args.profile,
+                        pin=args.pin,
+                        idle_only=args.idle_only,
                     )
                 )
                 runs[kind].append(res)
-                if res.profile:
+                if args.idle_only:
                     print(
-                        f"--- cProfile of the {kind} service, stream phase (by own time) ---\n{res.profile}"
+                        f"{tasks} idle cards run {run + 1} {kind}: {res.rss_per_card:,.0f} B/card, "
+                        f"{res.live_cards} live cards [{time.monotonic() - started:.0f} s]",
+                        flush=True,
                     )
+                    continue
+                if res.profile:
+                    print(f"--- cProfile of the {kind} service, stream phase ---\n{res.profile}")
                 print(
                     f"{tasks} cards run {run + 1} {kind}: finals {res.finals_pct:.1f} %, "
                     f"429s {res.rate_limit_429}, 230020s {res.rate_limit_230020}, "
@@ -536,12 +638,21 @@ def main() -> None:
                     f"[{time.monotonic() - started:.0f} s]",
                     flush=True,
                 )
-        tables.append(table(tasks, runs["ours"], runs["naive"]))
+        if args.idle_only:
+            tables.append(idle_table(tasks, runs["ours"], runs["naive"]))
+        else:
+            tables.append(table(tasks, runs["ours"], runs["naive"]))
         print("\n" + tables[-1] + "\n", flush=True)
-    if not args.no_write:
-        write_section("load", LOAD_INTRO.format(flush=args.flush_ms))
+    if args.no_write:
+        return
+    if args.idle_only:
         for tasks, text in zip(sizes, tables, strict=True):
-            write_section(f"load-{tasks}", text)
+            write_section(f"memory-{tasks}", text)
+        return
+    if not args.pin:
+        write_section("load", LOAD_INTRO.format(flush=args.flush_ms))
+    for tasks, text in zip(sizes, tables, strict=True):
+        write_section(f"load-{tasks}" + ("-pinned" if args.pin else ""), text)
 
 
 LOAD_INTRO = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ def _bench(name: str) -> Any:
 async def test_load_smoke_ours_and_naive() -> None:
     load = _bench("load")
     for kind in ("ours", "naive"):
-        result = await load.one_run(kind, tasks=5, seconds=2.0, scale=1.0, flush=0.25, seed=0)
+        result = await load.one_run(kind, tasks=5, seconds=1.0, scale=1.0, flush=0.25, seed=0)
         assert result.events_offered > 0, kind
         assert result.post_errors == 0, kind
         assert not math.isnan(result.cpu_per_1k), kind
@@ -90,3 +91,55 @@ def test_freshness_first_seen_takes_the_earliest_card() -> None:
     freshness = _bench("freshness")
     history = [(1.0, {"text": "⟦0:0⟧"}), (2.0, {"text": "⟦0:0⟧ ⟦0:1⟧"}), (3.0, {"text": "⟦0:1⟧ ⟦0:2⟧"})]
     assert freshness.first_seen(history, 10.0) == {"0:0": 11.0, "0:1": 12.0, "0:2": 13.0}
+
+
+async def test_load_idle_only_smoke() -> None:
+    load = _bench("load")
+    result = await load.one_run("ours", tasks=3, seconds=0.0, scale=1.0, flush=0.25, seed=0, idle_only=True)
+    assert result.live_cards >= 3
+    assert not math.isnan(result.rss_per_card)
+
+
+async def test_callbacks_smoke() -> None:
+    callbacks = _bench("callbacks")
+    (burst,) = await callbacks.one_run(tasks=2, sizes=[5])
+    assert burst.clicks == 5 and burst.failures == 0
+    assert 0 < burst.p50_ms <= burst.p99_ms <= burst.max_ms
+
+
+def _bench_redis_url() -> str:
+    import redis
+
+    url = os.environ.get("FP_TEST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/6")
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        message = f"Redis at {url} is unreachable ({exc})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + "; CI=true requires it", pytrace=False)
+        pytest.skip(message)
+    finally:
+        client.close()
+    return url
+
+
+@pytest.mark.mysql
+async def test_cluster_load_smoke(bench_database_url: str) -> None:
+    cluster_load = _bench("cluster_load")
+    config = cluster_load.RunConfig(
+        instances=1,
+        cluster_mode=True,
+        tasks=3,
+        seconds=1.0,
+        flush=0.25,
+        seed=0,
+        kill=False,
+        mysql_url=bench_database_url,
+        redis_url=_bench_redis_url(),
+    )
+    result = await cluster_load.one_run(config)
+    assert result.events_per_s > 0
+    assert result.finals_pct == 100.0
+    assert result.rate_limit_answers == 0
+    assert not math.isnan(result.cpu_per_1k)

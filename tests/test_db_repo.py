@@ -397,6 +397,17 @@ async def test_concurrent_first_seen_admits_one(db: Database) -> None:
     assert results.count(True) == 1
 
 
+async def test_first_seen_many_is_first_seen_of_each_key_in_one_transaction(db: Database) -> None:
+    seen = CallbackDedupeRepository(db)
+    assert await seen.first_seen("old", 10, T0)
+    assert await seen.first_seen("live", 100, T0)
+    later = T0 + timedelta(seconds=50)
+    answers = await seen.first_seen_many(["new", "old", "live", "new", "x" * 300], 60, later)
+    assert answers == [True, True, False, False, True]  # expired "old" reclaimed; a repeat is a duplicate
+    assert not await seen.first_seen("old", 60, later + timedelta(seconds=59))  # its new TTL holds
+    assert await seen.first_seen_many(["x" * 300], 60, later) == [False]  # stored in its storable form
+
+
 async def test_purge_expired(db: Database) -> None:
     seen = CallbackDedupeRepository(db)
     await seen.first_seen("short", 10, T0)

@@ -9,11 +9,13 @@ redelivers after a restart is still caught — while the answer itself never wai
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.feishu.callback import MemoryDeduper
+from feishu_progress.group_commit import GroupCommit
 from feishu_progress.ports import Clock
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,8 @@ class PersistentDeduper:
         self.ttl_seconds = ttl_seconds
         self.clock = clock
         self.background = background
+        # A burst of clicks stores its keys in a few transactions, not one each (first_seen_many).
+        self._writes: GroupCommit[str, bool] = GroupCommit(self._store_many, background, name="callback-seen")
 
     async def warm(self) -> int:
         """Load the keys still inside their TTL from the database; returns how many."""
@@ -46,6 +50,9 @@ class PersistentDeduper:
 
     async def _store(self, key: str) -> None:
         try:
-            await self.repo.first_seen(key, self.ttl_seconds, utc_datetime(self.clock.wall()))
+            await self._writes.submit(key)
         except Exception as exc:  # the memory layer still holds it for this process's lifetime
             log.warning("callback dedupe key could not be stored (%s)", type(exc).__name__)
+
+    async def _store_many(self, keys: Sequence[str]) -> list[bool]:
+        return await self.repo.first_seen_many(keys, self.ttl_seconds, utc_datetime(self.clock.wall()))
