@@ -60,8 +60,11 @@ def _all_text(node: Any) -> str:
 
 
 def _end(update: Update) -> float:
-    answered = update.get("answered")
-    return math.inf if answered is None else float(answered)
+    """When an update stopped being in flight: answered, or abandoned unapplied (its client died first)."""
+    ended = update.get("answered")
+    if ended is None:
+        ended = update.get("abandoned")
+    return math.inf if ended is None else float(ended)
 
 
 def _who(update: Update) -> str:

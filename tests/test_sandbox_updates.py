@@ -145,6 +145,30 @@ async def test_an_update_arriving_while_another_is_in_flight_is_marked(
     assert by_id[other_id]["overlaps"] == 0
 
 
+async def test_an_update_whose_client_died_mid_body_is_abandoned_not_in_flight_forever(
+    sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
+) -> None:
+    async with FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-a") as a:
+        message_id = await a.send_card("oc_chat", "chat_id", card("v0"), "u-1")
+        token = await a.tokens.get()
+    host, port = sandbox.base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(  # the headers and half the body, then the process is gone (kill -9)
+        f"PATCH /open-apis/im/v1/messages/{message_id} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\n{INSTANCE_HEADER}: fp-dead\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        '{"content": "'.encode()
+    )
+    await writer.drain()
+    await until(lambda: message_id in sandbox.state.updates.by_target, "the update to arrive")
+    writer.transport.abort()
+    (record,) = sandbox.state.updates.by_target[message_id]
+    await until(lambda: record.abandoned is not None, "the update to be abandoned")
+    assert record.answered is None and record.code is None
+    assert len(sandbox.state.messages[message_id].history) == 1  # it changed nothing
+    del reader
+
+
 async def test_rate_limit_answers_are_counted(
     sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
 ) -> None:

@@ -33,6 +33,9 @@ class UpdateRecord:
     code: int | None = None  # the Feishu code answered (0: accepted), or the HTTP status of a non-JSON answer
     status: int | None = None  # the HTTP status answered
     version: int | None = None  # accepted: the index in the message's history of the card it put on screen
+    # Left unanswered and unapplied (its client went away before its body was read, or the handler failed):
+    # when. Such an update changed nothing, so it is in flight only until then.
+    abandoned: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +43,7 @@ class UpdateRecord:
             "instance": self.instance,
             "arrived": self.arrived,
             "answered": self.answered,
+            "abandoned": self.abandoned,
             "code": self.code,
             "status": self.status,
             "version": self.version,
@@ -80,6 +84,8 @@ class UpdateLog:
             del self._in_flight[record.target]
         if code is not None:
             record.answered = self._clock()
+        else:
+            record.abandoned = self._clock()
         record.code, record.status, record.version = code, status, version
 
     def records(self, targets: Iterable[str]) -> list[UpdateRecord]:
