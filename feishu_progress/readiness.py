@@ -23,7 +23,7 @@ def admin_deps(services: Services) -> AdminDeps:
         checks["subagents_database"] = lambda: _agent_database(services)
     if services.settings.feishu.mode == "ws":
         checks["long_connection"] = lambda: _long_connection(services)
-    degradations = {"feishu": lambda: _feishu_outage(services)}
+    degradations = {"feishu": lambda: _feishu_outage(services), "cardkit": lambda: _cardkit(services)}
     if services.settings.redis_url is not None:
         checks["lease"] = lambda: _lease(services)
         degradations["redis"] = lambda: _redis(services)
@@ -46,6 +46,11 @@ async def _lease(services: Services) -> str | None:
 
 def _redis(services: Services) -> str | None:
     return None if services.cluster is None else services.cluster.redis_problem()
+
+
+def _cardkit(services: Services) -> str | None:
+    """Streaming is degraded to whole-card PATCHes while the app lacks the CardKit scope."""
+    return None if services.service is None else services.service.creator.cardkit_problem()
 
 
 def _feishu_outage(services: Services) -> str | None:

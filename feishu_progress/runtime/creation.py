@@ -179,6 +179,16 @@ class TaskCreator:
         await self._repo.set_card_entity(session_id, card_id)
         return card_id
 
+    def cardkit_problem(self) -> str | None:
+        """Why new tasks are PATCHed although the transport is cardkit (for /readyz), or None."""
+        wait = self._no_cardkit_until - self._clock.monotonic()
+        if self._settings.card.transport != "cardkit" or wait <= 0:
+            return None
+        return (
+            "the app lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
+            f"CardKit is tried again in {wait:.0f} s"
+        )
+
     def _paced(self, api: str) -> AbstractAsyncContextManager[None]:
         return nullcontext() if self._budget is None else self._budget.admit(api)
 
