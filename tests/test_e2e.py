@@ -64,8 +64,10 @@ async def test_full_task_with_subagents_failures_and_answered_question(harness: 
             == 202
         )
         card = await harness.card_status(message_id, "正在处理")
+        # The card moves in steps (the subagent list, then its rounds, at the panel pace): wait for the whole.
+        expected = ("子代理 · 2 个运行中", "调研 · 查资料 · 第 3 轮", "(失败: 命令被拒绝执行策略)")
         deadline = time.monotonic() + 5
-        while "子代理 · 2 个运行中" not in card_text(card) and time.monotonic() < deadline:
+        while not all(part in card_text(card) for part in expected) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             card = harness.sandbox.state.messages[message_id].card
         text = card_text(card)
