@@ -34,12 +34,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
-from aiohttp import web
 
 from bench.common import median, percentile, write_section
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.web.http import serving
 
 APP_ID, APP_SECRET = "cli_bench_callbacks", "bench-callbacks-secret"
 ENCRYPT_KEY, VERIFICATION_TOKEN = "bench-encrypt-key", "bench-verification-token"
@@ -77,13 +77,9 @@ def _serve_service(queue: Any, sandbox_url: str, workdir: str, cores: set[int] |
     )
 
     async def serve() -> None:
-        runner = web.AppRunner(create_app(settings), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        queue.put(f"http://{host}:{port}")
-        await asyncio.Event().wait()
+        async with serving(create_app(settings)) as base_url:
+            queue.put(base_url)
+            await asyncio.Event().wait()
 
     asyncio.run(serve())
 

@@ -74,6 +74,7 @@ def first_seen(history: list[tuple[float, Mapping[str, Any]]], offset: float) ->
 def _serve_sandbox(queue: Any, scale: float) -> None:
     from feishu_progress.sandbox.server import STATE_KEY, create_sandbox_app
     from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+    from feishu_progress.web.http import serving
 
     class BenchSandboxState(SandboxState):
         """Feishu's limits on updates; none on send and card create, so setting up 1000 tasks is quick."""
@@ -96,18 +97,11 @@ def _serve_sandbox(queue: Any, scale: float) -> None:
         app = create_sandbox_app(config, clock=scaled.monotonic)
         app[STATE_KEY] = BenchSandboxState(config, scaled.monotonic)
         app.router.add_get("/_bench/freshness", report)
-        queue.put(await _start(app))
-        await asyncio.Event().wait()
+        async with serving(app) as base_url:
+            queue.put(base_url)
+            await asyncio.Event().wait()
 
     asyncio.run(serve())
-
-
-async def _start(app: web.Application) -> str:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    return f"http://{host}:{port}"
 
 
 # --- the service process ---------------------------------------------------------------------------
@@ -127,6 +121,7 @@ def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, w
         Settings,
         TaskSettings,
     )
+    from feishu_progress.web.http import serving
 
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{Path(workdir) / 'fresh.db'}",
@@ -145,8 +140,9 @@ def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, w
     )
 
     async def serve() -> None:
-        queue.put(await _start(create_app(settings, clock=ScaledClock(scale))))
-        await asyncio.Event().wait()
+        async with serving(create_app(settings, clock=ScaledClock(scale))) as base_url:
+            queue.put(base_url)
+            await asyncio.Event().wait()
 
     asyncio.run(serve())
 

@@ -80,6 +80,7 @@ def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -
     _pin(cores)
     from feishu_progress.sandbox.server import STATE_KEY, create_sandbox_app
     from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
+    from feishu_progress.web.http import serving
 
     class BenchSandboxState(SandboxState):
         """Feishu's limits on PATCH; none on send, so setting up thousands of tasks is quick."""
@@ -113,13 +114,9 @@ def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -
         app = create_sandbox_app(config, clock=clock.monotonic)
         app[STATE_KEY] = BenchSandboxState(config, clock.monotonic)
         app.router.add_get("/_bench/report", report)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        queue.put(f"http://{host}:{port}")
-        await asyncio.Event().wait()
+        async with serving(app) as base_url:
+            queue.put(base_url)
+            await asyncio.Event().wait()
 
     asyncio.run(serve())
 
@@ -154,6 +151,8 @@ def _serve_service(
     database_url = f"sqlite+aiosqlite:///{Path(workdir) / 'bench.db'}"
 
     async def serve() -> None:
+        from feishu_progress.web.http import serving
+
         if kind == "ours":
             from feishu_progress.app import SERVICES, create_app
 
@@ -206,13 +205,9 @@ def _serve_service(
 
         app.router.add_get("/_bench/stats", stats)
         app.router.add_get("/_bench/profile", profile)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        queue.put(f"http://{host}:{port}")
-        await asyncio.Event().wait()
+        async with serving(app) as base_url:
+            queue.put(base_url)
+            await asyncio.Event().wait()
 
     asyncio.run(serve())
 

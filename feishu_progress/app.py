@@ -60,7 +60,7 @@ from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
-from feishu_progress.web.http import bearer_auth, json_errors
+from feishu_progress.web.http import bearer_auth, json_errors, serving
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
@@ -425,13 +425,10 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
 
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
-    runner = web.AppRunner(AdminApi(admin_deps(services)).app(), access_log=None)
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    site = web.TCPSite(runner, settings.admin.host, settings.admin.port)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    services.admin_url = f"http://{host}:{port}"
+    admin = AdminApi(admin_deps(services)).app()
+    services.admin_url = await stack.enter_async_context(
+        serving(admin, settings.admin.host, settings.admin.port)
+    )
     log.info("admin listener on %s", services.admin_url)
 
 

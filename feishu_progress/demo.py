@@ -14,13 +14,13 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.cards.plaintext import card_as_text
@@ -39,6 +39,8 @@ from feishu_progress.runtime.responses import Answer, AnswersAction, UserAction
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.services import Services
+from feishu_progress.web.http import serving
 
 APP_ID = "cli_demo"
 APP_SECRET = "demo-app-secret"
@@ -115,17 +117,24 @@ class DemoRun:
         base_url: str,
         sandbox: RunningSandbox,
         out: Print,
+        *,
+        services: Services | None = None,
     ) -> None:
         self.fp = fp  # the runtime's side
         self.http = http  # Feishu's side: the clicks
         self.base_url = base_url
         self.sandbox = sandbox
         self.out = out
+        self.services = services  # the service's own side (admin URL, live cards)
         self.session_id = 0
         self.message_id = ""
         self.events_sent = 0
         self.cursor = 0
         self.step_no = 0
+
+    def another(self) -> DemoRun:
+        """Moves for one more task on the same service and connections."""
+        return DemoRun(self.fp, self.http, self.base_url, self.sandbox, self.out, services=self.services)
 
     async def create_task(self, title: str) -> None:
         created = await self.fp.create_task(
@@ -167,7 +176,8 @@ class DemoRun:
         self.out(card_as_text(message.card))
 
 
-def _value(action: str, session_id: int, **extra: Any) -> dict[str, Any]:
+def click_value(action: str, session_id: int, **extra: Any) -> dict[str, Any]:
+    """A button's callback value as the card carries it."""
     return {"v": 1, "action": action, "session_id": session_id, **extra}
 
 
@@ -362,7 +372,7 @@ async def _questions(run: DemoRun, image_path: Path) -> str:
 
 
 async def _answered_round(run: DemoRun, image_path: Path) -> str:
-    submit = _value("answers", run.session_id, ask_id="ask-1")
+    submit = click_value("answers", run.session_id, ask_id="ask-1")
     run.out(
         f"   bob (not the requester) submits answers → {await run.click(BYSTANDER, submit, ANSWERS_FORM)}"
     )
@@ -382,7 +392,7 @@ async def _answered_round(run: DemoRun, image_path: Path) -> str:
 
 
 async def _cancel_clicked(run: DemoRun, image_path: Path) -> str:
-    run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, _value('cancel', run.session_id))}")
+    run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, click_value('cancel', run.session_id))}")
     return "cancel clicked: the card says it is cancelling"
 
 
@@ -422,28 +432,38 @@ async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResul
         workdir = Path(tmp)
         image_path = workdir / "cat.png"
         image_path.write_bytes(tiny_png())
-        async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as sandbox:
-            app = create_app(demo_settings(sandbox, workdir), sandbox=sandbox)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            try:
-                site = web.TCPSite(runner, "127.0.0.1", 0)
-                await site.start()
-                host, port = runner.addresses[0][:2]
-                base_url = f"http://{host}:{port}"
-                async with (
-                    FeishuProgressClient(base_url, API_TOKEN) as fp,
-                    aiohttp.ClientSession() as http,
-                ):
-                    run = DemoRun(fp, http, base_url, sandbox, out)
-                    await _script(run, image_path)
-                    metrics = await _metrics_lines(http, app[SERVICES].admin_url)
-                result = _result(run, sandbox, metrics, time.monotonic() - started)
-                if hold is not None:
-                    await hold(result, f"{base_url}/sandbox/?token={API_TOKEN}")
-            finally:
-                await runner.cleanup()
-            return result
+        async with demo_service(workdir, out) as run:
+            await _script(run, image_path)
+            admin_url = run.services.admin_url if run.services is not None else None
+            result = _result(
+                run, run.sandbox, await _metrics_lines(run.http, admin_url), time.monotonic() - started
+            )
+            if hold is not None:
+                await hold(result, f"{run.base_url}/sandbox/?token={API_TOKEN}")
+        return result
+
+
+@asynccontextmanager
+async def demo_service(
+    workdir: Path,
+    out: Print = print,
+    *,
+    sandbox: SandboxConfig | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> AsyncIterator[DemoRun]:
+    """The service (SQLite in ``workdir``) against its own sandbox, served on a free port, with a runtime
+    client and Feishu's side: what the demo plays on, and what tests drive the same way. ``settings``
+    replaces top-level groups of ``demo_settings`` (e.g. ``{"card": CardSettings(transport="patch")}``)."""
+    async with run_sandbox(sandbox or SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
+        app = create_app(
+            demo_settings(running, workdir).model_copy(update=dict(settings or {})), sandbox=running
+        )
+        async with (
+            serving(app) as base_url,
+            FeishuProgressClient(base_url, API_TOKEN) as fp,
+            aiohttp.ClientSession() as http,
+        ):
+            yield DemoRun(fp, http, base_url, running, out, services=app[SERVICES])
 
 
 def _result(run: DemoRun, sandbox: RunningSandbox, metrics: list[str], seconds: float) -> DemoResult:

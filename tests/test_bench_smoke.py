@@ -46,13 +46,6 @@ def test_micro_smoke() -> None:
     assert worst_size <= 30 * 1024
 
 
-async def test_micro_callback_smoke() -> None:
-    micro = _bench("micro")
-    p50, p99, worst, failures = await micro.callback_burst(tasks=2, clicks=10)
-    assert failures == 0
-    assert 0 < p50 <= p99 <= worst
-
-
 @pytest.fixture(scope="module")
 def bench_database_url() -> str:
     return fresh_mysql_database("bench_smoke")

@@ -15,32 +15,27 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import aiohttp
 import pytest
-from aiohttp import web
 
-from feishu_progress.app import SERVICES, create_app
-from feishu_progress.cards.builder import ANSWER_ELEMENT_ID
-from feishu_progress.client import FeishuProgressClient
 from feishu_progress.config import CardKitSettings, CardSettings
 from feishu_progress.demo import (
     ANSWERS_FORM,
-    API_TOKEN,
     APP_ID,
     APP_SECRET,
     ASK_EVENT,
     REQUESTER,
     DemoRun,
-    _value,
-    demo_settings,
+    click_value,
+    demo_service,
 )
+from feishu_progress.feishu.cardkit_sink import answer_text
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, plan
 from feishu_progress.readiness import live_cards
 from feishu_progress.sandbox.cardkit import CardEntity
-from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.services import Services
 
 pytestmark = pytest.mark.slow
 
@@ -53,33 +48,21 @@ def quiet(_: str) -> None:
 
 @asynccontextmanager
 async def service(
-    config: SandboxConfig | None = None, *, cardkit: CardKitSettings | None = None, transport: str = "cardkit"
+    config: SandboxConfig | None = None,
+    *,
+    cardkit: CardKitSettings | None = None,
+    transport: Literal["cardkit", "patch"] = "cardkit",
 ) -> AsyncIterator[DemoRun]:
     """The service with SQLite in a temp dir, against a sandbox, driven like the demo (runtime + clicks)."""
-    config = config or SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
+    settings = {"card": CardSettings(transport=transport), "cardkit": cardkit or CardKitSettings()}
     with tempfile.TemporaryDirectory(prefix="fp-cardkit-") as tmp:
-        async with run_sandbox(config) as sandbox:
-            base = demo_settings(sandbox, Path(tmp))
-            settings = base.model_copy(
-                update={
-                    "card": CardSettings(transport=transport),  # type: ignore[arg-type]
-                    "cardkit": cardkit or CardKitSettings(),
-                }
-            )
-            app = create_app(settings, sandbox=sandbox)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            try:
-                site = web.TCPSite(runner, "127.0.0.1", 0)
-                await site.start()
-                host, port = runner.addresses[0][:2]
-                base_url = f"http://{host}:{port}"
-                async with FeishuProgressClient(base_url, API_TOKEN) as fp, aiohttp.ClientSession() as http:
-                    run = DemoRun(fp, http, base_url, sandbox, quiet)
-                    run.services = app[SERVICES]  # type: ignore[attr-defined]  # the admin side, for a look
-                    yield run
-            finally:
-                await runner.cleanup()
+        async with demo_service(Path(tmp), quiet, sandbox=config, settings=settings) as run:
+            yield run
+
+
+def admin(run: DemoRun) -> Services:
+    assert run.services is not None
+    return run.services
 
 
 def entity(run: DemoRun, message_id: str | None = None) -> CardEntity:
@@ -92,10 +75,8 @@ def entity(run: DemoRun, message_id: str | None = None) -> CardEntity:
 
 
 def answer_of(card: Mapping[str, Any]) -> str:
-    for element in card["body"]["elements"]:
-        if element.get("element_id") == ANSWER_ELEMENT_ID:
-            return str(element["content"])
-    return ""
+    """The answer text a card shows (the writer's own reading of a built card)."""
+    return answer_text(card) or ""
 
 
 def rate_limited(run: DemoRun) -> int:
@@ -153,7 +134,7 @@ async def test_text_streams_at_five_updates_a_second_while_panels_still_update()
         assert card.record.updates["full"] >= 2  # the tool panel moved meanwhile
         assert rate_limited(run) == 0
         assert card.sequence is not None and card.sequence >> 20 == 0  # a fresh card: fence 0
-        (listed,) = live_cards(run.services)  # type: ignore[attr-defined]
+        (listed,) = live_cards(admin(run))
         assert (listed["transport"], listed["card_id"]) == ("cardkit", card.card_id)
 
 
@@ -200,7 +181,9 @@ async def test_a_question_turns_streaming_off_before_the_form_shows_and_the_answ
         assert entity(run).streaming_since is None
         with_form = [card for _, card in message.history if '"tag": "form"' in _json(card)]
         assert with_form and all(card["config"]["streaming_mode"] is False for card in with_form)
-        toast = await run.click(REQUESTER, _value("answers", run.session_id, ask_id="ask-1"), ANSWERS_FORM)
+        toast = await run.click(
+            REQUESTER, click_value("answers", run.session_id, ask_id="ask-1"), ANSWERS_FORM
+        )
         assert toast.startswith("success")
         kinds = [action.kind for action in await run.actions()]
         assert kinds == ["answers"]
@@ -225,7 +208,7 @@ async def test_twenty_streaming_cards_draw_no_rate_limit_and_every_final_arrives
     async with service() as first:
         runs = [
             first,
-            *(DemoRun(first.fp, first.http, first.base_url, first.sandbox, quiet) for _ in range(19)),
+            *(first.another() for _ in range(19)),
         ]
         for i, run in enumerate(runs):
             await run.create_task(f"并发 {i}")
@@ -249,15 +232,15 @@ async def test_without_the_cardkit_scope_tasks_fall_back_to_patch_and_ask_once()
         await run.send(
             {"type": "status", "status": "RUNNING", "round": 1}, {"type": "content", "text": "你好"}
         )
-        second = DemoRun(run.fp, run.http, run.base_url, run.sandbox, quiet)
+        second = run.another()
         await second.create_task("无权限 2")
         message = run.sandbox.state.messages[run.message_id]
         await until(lambda: answer_of(message.card) == "你好")
         assert run.sandbox.state.requests.get("patch", 0) >= 1
         assert run.sandbox.state.requests.get("card_create", 0) == 1  # the missing scope is remembered
         assert not run.sandbox.state.cardkit.cards
-        assert {card["transport"] for card in live_cards(run.services)} == {"patch"}  # type: ignore[attr-defined]
-        async with run.http.get(f"{run.services.admin_url}/readyz") as response:  # type: ignore[attr-defined]
+        assert {card["transport"] for card in live_cards(admin(run))} == {"patch"}
+        async with run.http.get(f"{admin(run).admin_url}/readyz") as response:
             ready = await response.json()
         assert response.status == 200  # degraded, not unready: cards still move
         assert "cardkit:card:write" in ready["degraded"]["cardkit"], ready

@@ -25,6 +25,7 @@ from feishu_progress.sandbox.faults import Fault, FaultKind
 from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxMessage, SandboxState
 from feishu_progress.sandbox.updates import INSTANCE_HEADER, overlaps
 from feishu_progress.sandbox.ws_gateway import ClientConfig, WsGateway
+from feishu_progress.web.http import serving
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATE_KEY = web.AppKey("sandbox_state", SandboxState)
@@ -88,16 +89,11 @@ async def run_sandbox(
 ) -> AsyncIterator[RunningSandbox]:
     """Serve a sandbox on ``host:port`` (0 = a free port) for the duration of the block."""
     app = create_sandbox_app(config or SandboxConfig(), clock=clock, ws_client_config=ws_client_config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        yield RunningSandbox(f"http://{bound_host}:{bound_port}", app[STATE_KEY], app)
-    finally:
-        app[STATE_KEY].faults.release_hangs()
-        await runner.cleanup()
+    async with serving(app, host, port, shutdown_timeout=1.0) as base_url:
+        try:
+            yield RunningSandbox(base_url, app[STATE_KEY], app)
+        finally:
+            app[STATE_KEY].faults.release_hangs()  # a held request must not hold the shutdown
 
 
 async def _release_hangs(app: web.Application) -> None:

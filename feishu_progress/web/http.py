@@ -1,4 +1,5 @@
-"""HTTP plumbing every listener shares: one JSON error shape, one bearer check, one body reader.
+"""HTTP plumbing every listener shares: one JSON error shape, one bearer check, one body reader, one way
+to serve an app on a port (``serving``).
 
 Every error any endpoint answers — runtime API, callbacks, admin, the sandbox preview — is
 ``{"error": "<code>", "message": "<for people>"}``, plus ``field`` on a 422 and ``retry_after`` on a 503
@@ -13,7 +14,8 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -28,6 +30,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
 RETRY_AFTER_SECONDS = 1
+
+
+@asynccontextmanager
+async def serving(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, *, shutdown_timeout: float = 60.0
+) -> AsyncIterator[str]:
+    """Serve ``app`` on ``host:port`` (0: a free port) for the block; yields its base URL. The app's
+    cleanup (for the service: the final flush) runs when the block ends, however it ends."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        await runner.cleanup()
 
 
 class HttpError(Exception):
