@@ -29,6 +29,7 @@ from feishu_progress.errors import ConfigError, FeishuAPIError
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import run_sandbox
+from feishu_progress.sandbox.state import success
 
 REQUESTER = "ou_requester"
 
@@ -198,6 +199,17 @@ async def test_the_client_never_puts_a_foreign_path_into_a_url() -> None:
                 await client.patch_card("om_1/../../chats", {"schema": "2.0"})
         assert sandbox.state.requests["reply"] == 0
         assert sandbox.state.requests["patch"] == 0
+
+
+async def test_a_card_id_feishu_answers_must_be_an_id_before_it_reaches_a_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with run_sandbox() as sandbox:
+        monkeypatch.setattr(sandbox.state.cardkit, "create", lambda body: success({"card_id": "../chats"}))
+        settings = FeishuSettings(base_url=sandbox.base_url, app_id="a", app_secret="s")
+        async with FeishuClient(settings) as client:
+            with pytest.raises(FeishuAPIError, match="not a Feishu id"):
+                await client.create_card_entity({"schema": "2.0"})
 
 
 # -- 8: slow bodies -------------------------------------------------------------------------------------

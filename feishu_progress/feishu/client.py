@@ -187,7 +187,8 @@ class FeishuClient:
         """Create a CardKit card entity from card JSON 2.0; returns its card_id (sent later by reference).
         Not retried here: a failed create leaves nothing behind, the caller decides (PATCH fallback)."""
         body = {"type": "card_json", "data": _card_text(card)}
-        return _field(await self._call("POST", CARDS_PATH, body=body), "card_id")
+        # It goes into URL paths later: an answer that is not an id is refused here, like any bad answer.
+        return _segment(_field(await self._call("POST", CARDS_PATH, body=body), "card_id"))
 
     async def update_card_entity(
         self, card_id: str, card: Mapping[str, Any], sequence: int, uuid: str

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.config import Settings
-from feishu_progress.db.repo import NewTask, TaskRecord, TaskRepository
+from feishu_progress.db.repo import MAX_REF_LENGTH, NewTask, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import CardState
 from feishu_progress.errors import FeishuAPIError, FeishuProgressError, TaskConflict
@@ -175,6 +175,11 @@ class TaskCreator:
             return None
         except FeishuProgressError as exc:
             log.warning("task %s: CardKit card not created (%r): PATCHing it whole", session_id, exc)
+            return None
+        if len(card_id) > MAX_REF_LENGTH:  # task_card.card_id holds 64 characters
+            log.warning(
+                "task %s: CardKit card id over %d characters: PATCHing it whole", session_id, MAX_REF_LENGTH
+            )
             return None
         await self._repo.set_card_entity(session_id, card_id)
         return card_id
