@@ -42,6 +42,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.engine import make_url
 
 from bench.common import jain, median, write_section
+from bench.db import ensure_database
 from bench.load import finals_poll_seconds
 from bench.workload import TaskStream
 from feishu_progress.domain import TaskStatus
@@ -87,27 +88,8 @@ class RunResult:
 
 
 async def fresh_database(base: str) -> str:
-    """Drop and create ``<base database>_bench_cluster``; its URL (the harness migrates it)."""
-    import aiomysql
-
-    url = make_url(base)
-    name = f"{url.database or 'test'}_{DATABASE_SUFFIX}"
-    connection = await aiomysql.connect(
-        host=url.host or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        connect_timeout=5,
-    )
-    try:
-        async with connection.cursor() as cursor:
-            await cursor.execute("SHOW DATABASES LIKE %s", (name,))
-            if await cursor.fetchone():
-                await cursor.execute(f"DROP DATABASE `{name}`")
-            await cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    finally:
-        connection.close()
-    return url.set(database=name).render_as_string(hide_password=False)
+    """``<base database>_bench_cluster``, dropped and created again, migrated; its URL."""
+    return await ensure_database(base, f"{make_url(base).database or 'test'}_{DATABASE_SUFFIX}", fresh=True)
 
 
 async def empty_redis(url: str) -> None:

@@ -50,8 +50,8 @@ def bench_url(base: str, database: str = BENCH_DATABASE) -> str:
     return make_url(base).set(database=database).render_as_string(hide_password=False)
 
 
-async def ensure_database(base: str, database: str = BENCH_DATABASE) -> str:
-    """CREATE DATABASE IF NOT EXISTS through aiomysql, migrate it, return its URL."""
+async def ensure_database(base: str, database: str = BENCH_DATABASE, *, fresh: bool = False) -> str:
+    """CREATE DATABASE IF NOT EXISTS (``fresh``: dropped first) through aiomysql, migrate it; its URL."""
     import aiomysql
 
     url = make_url(base)
@@ -66,7 +66,10 @@ async def ensure_database(base: str, database: str = BENCH_DATABASE) -> str:
         async with connection.cursor() as cursor:
             # Not IF NOT EXISTS: on an existing database it raises a server Warning (an error in tests).
             await cursor.execute("SHOW DATABASES LIKE %s", (database,))
-            if not await cursor.fetchone():
+            exists = bool(await cursor.fetchone())
+            if exists and fresh:
+                await cursor.execute(f"DROP DATABASE `{database}`")
+            if fresh or not exists:
                 await cursor.execute(
                     f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
                 )
