@@ -61,6 +61,7 @@ def _serve_service(queue: Any, sandbox_url: str, workdir: str, cores: set[int] |
     logging.basicConfig(level=logging.CRITICAL)
     from feishu_progress.app import create_app
     from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+    from feishu_progress.gc_policy import settle_after_startup
 
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{Path(workdir) / 'callbacks.db'}",
@@ -77,7 +78,9 @@ def _serve_service(queue: Any, sandbox_url: str, workdir: str, cores: set[int] |
     )
 
     async def serve() -> None:
-        async with serving(create_app(settings)) as base_url:
+        app = create_app(settings)
+        settle_after_startup(app)  # as `feishu-progress serve` does
+        async with serving(app) as base_url:
             queue.put(base_url)
             await asyncio.Event().wait()
 

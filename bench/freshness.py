@@ -121,6 +121,7 @@ def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, w
         Settings,
         TaskSettings,
     )
+    from feishu_progress.gc_policy import settle_after_startup
     from feishu_progress.web.http import serving
 
     settings = Settings(
@@ -140,7 +141,9 @@ def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, w
     )
 
     async def serve() -> None:
-        async with serving(create_app(settings, clock=ScaledClock(scale))) as base_url:
+        app = create_app(settings, clock=ScaledClock(scale))
+        settle_after_startup(app)  # as `feishu-progress serve` does
+        async with serving(app) as base_url:
             queue.put(base_url)
             await asyncio.Event().wait()
 

@@ -20,6 +20,9 @@ PATCHes of one card (every card always has news) against the ideal cards ÷ (100
 accepted by the service; the service's CPU s per 1 000 events (its time.process_time); subagent queries
 per (scaled) second as the service counted them.
 
+``--baseline cpython-gc`` compares against our own service with CPython's default garbage-collector
+settings (what ``feishu_progress/gc_policy.py`` changes) instead of the naive service.
+
 ``--pin`` puts the service alone on core 0 and the sandbox and this process on core 1 (the "events/s on one
 core" figure); ``--idle-only`` only creates the tasks and measures RSS per idle card (10 000 cards in a
 minute); ``--profile`` prints the service's cProfile of the stream phase by own and by cumulative time.
@@ -124,6 +127,20 @@ def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -
 # --- the service process ---------------------------------------------------------------------------
 
 
+class _GcClock:
+    """A ``gc.callbacks`` entry that adds up the process's time in the garbage collector."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+
+
 def _serve_service(
     queue: Any, kind: str, sandbox_url: str, scale: float, workdir: str, *, cores: set[int] | None = None
 ) -> None:
@@ -153,8 +170,9 @@ def _serve_service(
     async def serve() -> None:
         from feishu_progress.web.http import serving
 
-        if kind == "ours":
+        if kind in ("ours", CPYTHON_GC):
             from feishu_progress.app import SERVICES, create_app
+            from feishu_progress.gc_policy import settle_after_startup
 
             settings = Settings(
                 database_url=database_url,
@@ -167,6 +185,10 @@ def _serve_service(
                 api=ApiSettings(token=API_TOKEN),
             )
             app = create_app(settings, clock=clock)
+            if (
+                kind == "ours"
+            ):  # what `feishu-progress serve` does; the cpython-gc baseline keeps the defaults
+                settle_after_startup(app)
 
             def counters() -> dict[str, Any]:
                 registry = app[SERVICES].metrics.registry
@@ -185,10 +207,15 @@ def _serve_service(
             app = naive.app()
             counters = naive.stats
 
+        gc_clock = _GcClock()
+        gc.callbacks.append(gc_clock)
+
         async def stats(request: web.Request) -> web.Response:
             if request.query.get("gc"):
                 gc.collect()
-            return web.json_response({"cpu": time.process_time(), "rss": rss_bytes(), **counters()})
+            return web.json_response(
+                {"cpu": time.process_time(), "gc": gc_clock.seconds, "rss": rss_bytes(), **counters()}
+            )
 
         profiler = cProfile.Profile()
 
@@ -238,6 +265,7 @@ class RunResult:
     subagent_qps: float = math.nan
     live_cards: int = 0  # --idle-only: the service's fp_live_cards after creating the tasks
     mean_batch: float = math.nan
+    gc_share: float = math.nan  # the service's garbage-collector time over its CPU time
     post_errors: int = 0
     client_cpu_util: float = math.nan
     notes: list[str] = field(default_factory=list)
@@ -425,6 +453,7 @@ async def _measure(
     result.events_per_s = accepted / (real1 - real0)
     result.cpu_per_1k = (after["cpu"] - before["cpu"]) / accepted * 1000 if accepted else math.nan
     result.cpu_util = (after["cpu"] - before["cpu"]) / (real1 - real0)
+    result.gc_share = (after["gc"] - before["gc"]) / (after["cpu"] - before["cpu"])
     result.client_cpu_util = (client_cpu1 - client_cpu0) / (real1 - real0)
     result.subagent_qps = (after["subagent_queries"] - before["subagent_queries"]) / (
         window_end - window_start
@@ -488,6 +517,7 @@ def _delivery_metrics(
 
 # --- tables ------------------------------------------------------------------------------------
 
+CPYTHON_GC = "cpython-gc"  # the baseline that is our service with CPython's default collector settings
 ROWS: list[tuple[str, str, str]] = [
     # (label, attribute, format)
     ("rate-limit answers 230020", "rate_limit_230020", "{:.0f}"),
@@ -503,6 +533,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("mean events per POST", "mean_batch", "{:.1f}"),
     ("service CPU s per 1 000 events", "cpu_per_1k", "{:.3f}"),
     ("service CPU utilisation (cores)", "cpu_util", "{:.2f}"),
+    ("share of service CPU in the garbage collector", "gc_share", "{:.1%}"),
     ("client CPU utilisation (cores)", "client_cpu_util", "{:.2f}"),
     ("RSS per idle live card", "rss_per_card", "{:,.0f} B"),
     ("subagent queries per scaled s", "subagent_qps", "{:,.1f}"),
@@ -526,30 +557,35 @@ def _fmt(fmt: str, value: float) -> str:
     return "—" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
 
 
-def table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str:
+def table(tasks: int, ours: list[RunResult], naive: list[RunResult], baseline: str = "naive") -> str:
     first = ours[0] if ours else naive[0]
+    runs = max(len(ours), len(naive))
     lines = [
         f"### {tasks} live cards — {first.seconds:g} s real stream, time scaled ×{first.scale:g} "
-        f"({first.seconds * first.scale:g} scaled s), medians of {max(len(ours), len(naive))} run(s)",
+        f"({first.seconds * first.scale:g} scaled s), medians of {runs} run(s)"
+        + (", min–max in brackets" if runs > 1 else ""),
         "",
-        "| metric | ours | naive | naive ÷ ours |",
+        f"| metric | ours | {baseline} | {baseline} ÷ ours |",
         "|---|---:|---:|---:|",
     ]
     for label, attr, fmt in ROWS:
         a = median(getattr(r, attr) for r in ours)
         b = median(getattr(r, attr) for r in naive)
         ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else math.nan
-        lines.append(f"| {label} | {_fmt(fmt, a)} | {_fmt(fmt, b)} | {_fmt('{:.2f}×', ratio)} |")
+        cells = (spread(fmt, [getattr(r, attr) for r in group]) if group else "—" for group in (ours, naive))
+        lines.append(f"| {label} | {' | '.join(cells)} | {_fmt('{:.2f}×', ratio)} |")
     notes = sorted({n for r in ours + naive for n in r.notes})
     lines += [f"\n_{n}_" for n in notes]
     return "\n".join(lines)
 
 
 def spread(fmt: str, values: list[float]) -> str:
-    """Median (min–max) of the values that are not NaN."""
-    xs = [v for v in values if not math.isnan(v)]
+    """Median (min–max) of the values that are not NaN; the median alone when they are all equal."""
+    xs = [float(v) for v in values if not math.isnan(v)]
     if not xs:
         return "—"
+    if min(xs) == max(xs):
+        return fmt.format(xs[0])
     return f"{fmt.format(median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
 
@@ -579,7 +615,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="real seconds of streaming (default per size)")
     parser.add_argument("--scale", type=float, help="scaled seconds per real second (default per size)")
     parser.add_argument("--flush-ms", type=float, default=250, help="runtime client batching interval")
-    parser.add_argument("--only", choices=("ours", "naive", "both"), default="both")
+    parser.add_argument(
+        "--only", choices=("ours", "naive", "both"), default="both", help="'naive': only the baseline"
+    )
+    parser.add_argument(
+        "--baseline",
+        choices=("naive", CPYTHON_GC),
+        default="naive",
+        help=f"the second column: bench/naive.py, or ours with CPython's default collector ({CPYTHON_GC})",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the service's stream phase")
     parser.add_argument(
         "--pin", action="store_true", help="service on core 0, sandbox + load generator on core 1"
@@ -595,7 +639,7 @@ def main() -> None:
         seconds = args.seconds or DEFAULT_SECONDS.get(tasks, 30.0)
         scale = args.scale or DEFAULT_SCALE.get(tasks, max(1.0, tasks / 200))
         runs: dict[str, list[RunResult]] = {"ours": [], "naive": []}
-        kinds = ["ours", "naive"] if args.only == "both" else [args.only]
+        kinds = {"both": ["ours", args.baseline], "ours": ["ours"], "naive": [args.baseline]}[args.only]
         for run in range(args.runs):
             for kind in kinds:
                 started = time.monotonic()
@@ -612,7 +656,7 @@ def main() -> None:
                         idle_only=args.idle_only,
                     )
                 )
-                runs[kind].append(res)
+                runs["ours" if kind == "ours" else "naive"].append(res)
                 if args.idle_only:
                     print(
                         f"{tasks} idle cards run {run + 1} {kind}: {res.rss_per_card:,.0f} B/card, "
@@ -636,7 +680,7 @@ def main() -> None:
         if args.idle_only:
             tables.append(idle_table(tasks, runs["ours"], runs["naive"]))
         else:
-            tables.append(table(tasks, runs["ours"], runs["naive"]))
+            tables.append(table(tasks, runs["ours"], runs["naive"], args.baseline))
         print("\n" + tables[-1] + "\n", flush=True)
     if args.no_write:
         return

@@ -100,12 +100,15 @@ def _serve(settings: Settings) -> int:
     from aiohttp import web
 
     from feishu_progress.app import create_app
+    from feishu_progress.gc_policy import settle_after_startup
 
     problems = settings.serving_problems()
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
         raise SystemExit("feishu-progress: will not serve: " + "; ".join(problems))
+    app = create_app(settings)
+    settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     web.run_app(
-        create_app(settings),
+        app,
         host=settings.bind_host,
         port=settings.http.port,
         access_log=None,
