@@ -142,7 +142,14 @@ class _GcClock:
 
 
 def _serve_service(
-    queue: Any, kind: str, sandbox_url: str, scale: float, workdir: str, *, cores: set[int] | None = None
+    queue: Any,
+    kind: str,
+    sandbox_url: str,
+    scale: float,
+    workdir: str,
+    *,
+    cores: set[int] | None = None,
+    transport: str = "patch",
 ) -> None:
     _pin(cores)
     import logging
@@ -151,6 +158,7 @@ def _serve_service(
     from feishu_progress.config import (
         AdminSettings,
         ApiSettings,
+        CardSettings,
         FeishuSettings,
         HttpSettings,
         Settings,
@@ -183,6 +191,7 @@ def _serve_service(
                 # of silence: the first tasks would be closed as 失去联系 before their stream starts.
                 task=TaskSettings(stale_after=10**7),
                 api=ApiSettings(token=API_TOKEN),
+                card=CardSettings(transport=transport),  # type: ignore[arg-type]
             )
             app = create_app(settings, clock=clock)
             if (
@@ -350,6 +359,7 @@ async def one_run(
     profile: bool = False,
     pin: bool = False,
     idle_only: bool = False,
+    transport: str = "patch",
 ) -> RunResult:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -366,7 +376,7 @@ async def one_run(
         service_proc = context.Process(
             target=_serve_service,
             args=(queue, kind, sandbox_url, scale, workdir),
-            kwargs={"cores": service_cores},
+            kwargs={"cores": service_cores, "transport": transport},
             daemon=True,
         )
         service_proc.start()
@@ -631,6 +641,12 @@ def main() -> None:
     parser.add_argument(
         "--idle-only", action="store_true", help="only RSS per idle live card: create tasks, stream nothing"
     )
+    parser.add_argument(
+        "--transport",
+        choices=("patch", "cardkit"),
+        default="patch",
+        help="our service's card transport (the budget, fairness and staleness rows count PATCHes)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     sizes = [int(x) for x in args.tasks.split(",") if x.strip()]
@@ -654,6 +670,7 @@ def main() -> None:
                         profile=args.profile,
                         pin=args.pin,
                         idle_only=args.idle_only,
+                        transport=args.transport,
                     )
                 )
                 runs["ours" if kind == "ours" else "naive"].append(res)
