@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, HttpSettings, Settings
 from feishu_progress.errors import EventRejected
 from feishu_progress.runtime import events as ev
-from feishu_progress.runtime.bounds import MAX_TOOL_VALUE_BYTES, bound_json, json_size
+from feishu_progress.runtime.bounds import MAX_TOOL_VALUE_BYTES, bound_json, fits, json_size
 from feishu_progress.runtime.state import MAX_PENDING, MAX_TOOLS_KEPT, TaskState
 from feishu_progress.runtime.task import Task
 
@@ -87,6 +89,24 @@ def test_a_large_value_is_cut_to_the_cap_and_keeps_its_shape(value: Any) -> None
     assert type(kept) is type(value)
     if isinstance(value, dict):
         assert kept.keys() == value.keys()  # the parsers still find their fields
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**25), max_value=10**25)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),  # control characters, quotes, backslashes, astral planes: every escape JSON has
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=8), children, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+@given(value=JSON_VALUES, limit=st.integers(min_value=0, max_value=400))
+def test_the_quick_size_check_agrees_with_the_exact_one(value: Any, limit: int) -> None:
+    assert fits(value, limit) == (json_size(value) <= limit)
 
 
 def test_a_round_keeps_its_newest_calls_and_counts_the_rest() -> None:
