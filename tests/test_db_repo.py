@@ -19,6 +19,8 @@ from feishu_progress.db.repo import (
     NewTask,
     StateRow,
     SubagentRepository,
+    SubagentStart,
+    SubagentUpdate,
     TaskRepository,
     storable_key,
 )
@@ -255,6 +257,66 @@ async def test_subagent_writes_of_many_tasks_share_transactions(db: Database) ->
             select(func.count()).select_from(SubagentExecution).where(SubagentExecution.status == "COMPLETED")
         )
     assert done == 30
+
+
+async def test_a_batch_of_starts_is_a_few_statements_and_each_execution_has_its_own_child(
+    db: Database,
+) -> None:
+    """Starts share multi-row INSERTs (ids read back in order); updates of one batch apply in order."""
+    subagents = SubagentRepository(db)
+    starts = [
+        SubagentStart(
+            200 + n % 7, f"ref-{n}", f"child-{n}", "explorer", f"标题 {n}", f"描述 {n}", "BACKGROUND", T0
+        )
+        for n in range(40)
+    ]
+    statements: list[str] = []
+
+    def counted(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    sqlalchemy_event.listen(db.engine.sync_engine, "before_cursor_execute", counted)
+    try:
+        ids = await subagents.write_many([*starts, starts[3]])  # a repeat in the batch: the same row
+    finally:
+        sqlalchemy_event.remove(db.engine.sync_engine, "before_cursor_execute", counted)
+    assert len(set(ids)) == 40 and ids[40] == ids[3]
+    assert len(statements) <= 3, statements  # the existing-starts SELECT, sessions, executions
+    async with db.session() as session:
+        rows = (
+            await session.execute(
+                select(
+                    SubagentExecution.id, SubagentExecution.task_ref, SessionRow.title, SessionRow.external_id
+                )
+                .join(SessionRow, SessionRow.id == SubagentExecution.child_session_id)
+                .where(SubagentExecution.id.in_(ids))
+            )
+        ).all()
+    by_id = {row[0]: row[1:] for row in rows}
+    for n, execution_id in enumerate(ids[:40]):
+        assert by_id[execution_id] == (f"ref-{n}", f"标题 {n}", f"child-{n}")
+    recovering, running = {"status": "RECOVERING"}, {"status": "RUNNING"}
+    finished = {"status": "FAILED", "total_rounds": 3, "finished_at": T0}
+    updates = [
+        SubagentUpdate(ids[0], recovering),
+        SubagentUpdate(ids[0], finished),  # after the status change: the finish is what stays
+        SubagentUpdate(ids[1], finished),
+        SubagentUpdate(ids[1], running),  # a later status change wins over the finish
+        SubagentUpdate(10**12, running),
+    ]
+    results = await subagents.write_many(updates)
+    assert results[:4] == [None] * 4 and isinstance(results[4], LookupError)
+    async with db.session() as session:
+        status = dict(
+            (
+                await session.execute(
+                    select(SubagentExecution.id, SubagentExecution.status).where(
+                        SubagentExecution.id.in_(ids[:2])
+                    )
+                )
+            ).all()
+        )
+    assert status == {ids[0]: "FAILED", ids[1]: "RUNNING"}
 
 
 async def test_concurrent_starts_of_one_task_agree(db: Database) -> None:

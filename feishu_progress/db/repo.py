@@ -7,13 +7,14 @@ are aware UTC both ways (``models.UtcDateTime`` converts at the column).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import Table, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -473,19 +474,26 @@ class SubagentRepository:
     async def _write_all(
         self, connection: AsyncConnection, writes: Sequence[SubagentWrite]
     ) -> list[SubagentWritten]:
-        # Core statements, not the ORM unit of work: this is on the event path, and the ORM flush cost
-        # ~10x the SQL itself (profiled at 1000 live cards).
-        started = await _existing_starts(connection, [w for w in writes if isinstance(w, SubagentStart)])
-        results: list[SubagentWritten] = []
-        for write in writes:
-            if isinstance(write, SubagentStart):
-                key = (write.parent_session_id, write.task_ref)
-                if key not in started:
-                    started[key] = await _insert_start(connection, write)
-                results.append(started[key])
-            else:
-                results.append(await _update_execution(connection, write))
-        return results
+        # Core statements over whole batches, not the ORM unit of work nor one statement per write: this is
+        # on the event path, and on SQLite every statement costs several hops to aiosqlite's thread
+        # (~250 us of CPU for a SELECT 1, against 12 us of SQLite work for a whole start and finish).
+        starts = [write for write in writes if isinstance(write, SubagentStart)]
+        started = await _existing_starts(connection, starts)
+        fresh: dict[tuple[int, str], SubagentStart] = {}  # the first start of each new (parent, task_ref)
+        for start in starts:
+            if (start.parent_session_id, start.task_ref) not in started:
+                fresh.setdefault((start.parent_session_id, start.task_ref), start)
+        if fresh:
+            started.update(zip(fresh, await _insert_starts(connection, list(fresh.values())), strict=True))
+        updated = iter(
+            await _update_executions(connection, [w for w in writes if isinstance(w, SubagentUpdate)])
+        )
+        return [
+            started[(write.parent_session_id, write.task_ref)]
+            if isinstance(write, SubagentStart)
+            else next(updated)
+            for write in writes
+        ]
 
     async def find(self, parent_session_id: int, task_ref: str) -> int | None:
         """The execution id of ``task_ref`` under the parent, or None."""
@@ -514,35 +522,79 @@ async def _existing_starts(
     return {(int(parent), str(ref)): int(execution_id) for parent, ref, execution_id in rows}
 
 
-async def _insert_start(connection: AsyncConnection, start: SubagentStart) -> int:
-    child = await connection.execute(
-        insert(SessionRow).values(
-            title=_fit(start.title, MAX_TITLE_LENGTH),
-            parent_session_id=start.parent_session_id,
-            external_id=start.child_external_id,
-        )
-    )
-    execution = await connection.execute(
-        insert(SubagentExecution).values(
-            parent_session_id=start.parent_session_id,
-            task_ref=start.task_ref,
-            child_session_id=_inserted_id(child),
-            agent_type=start.agent_type,
-            task_description=start.task_description,
-            status=SubagentStatus.RUNNING.value,
-            invocation_type=start.invocation,
-            total_rounds=0,
-            started_at=start.now,
-        )
-    )
-    return _inserted_id(execution)
+_SESSIONS = cast(Table, SessionRow.__table__)
+_EXECUTIONS = cast(Table, SubagentExecution.__table__)
 
 
-async def _update_execution(connection: AsyncConnection, write: SubagentUpdate) -> SubagentWritten:
-    result = await connection.execute(
-        update(SubagentExecution).where(SubagentExecution.id == write.execution_id).values(**write.values)
+async def _insert_starts(connection: AsyncConnection, starts: Sequence[SubagentStart]) -> list[int]:
+    """Child sessions, then RUNNING executions, for ``starts``: their execution ids, in order."""
+    children = await _inserted_ids(
+        connection,
+        _SESSIONS,
+        [
+            {
+                "title": _fit(start.title, MAX_TITLE_LENGTH),
+                "parent_session_id": start.parent_session_id,
+                "external_id": start.child_external_id,
+            }
+            for start in starts
+        ],
     )
-    return None if result.rowcount else LookupError(f"no subagent execution {write.execution_id}")
+    return await _inserted_ids(
+        connection,
+        _EXECUTIONS,
+        [
+            {
+                "parent_session_id": start.parent_session_id,
+                "task_ref": start.task_ref,
+                "child_session_id": child,
+                "agent_type": start.agent_type,
+                "task_description": start.task_description,
+                "status": SubagentStatus.RUNNING.value,
+                "invocation_type": start.invocation,
+                "total_rounds": 0,
+                "started_at": start.now,
+            }
+            for start, child in zip(starts, children, strict=True)
+        ],
+    )
+
+
+async def _inserted_ids(connection: AsyncConnection, table: Table, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert ``rows`` — in one statement where the database allows — and return their ids, in order."""
+    dialect = connection.dialect
+    if len(rows) > 1 and dialect.name == "sqlite":
+        # One multi-row INSERT ... RETURNING. SQLite gives the rows ascending ids in VALUES order but does
+        # not promise RETURNING's order (why SQLAlchemy's own ordered form sends one INSERT per row): sort.
+        result = await connection.execute(insert(table).returning(table.c.id), rows)
+        return sorted(int(row_id) for row_id in result.scalars())
+    if len(rows) > 1 and dialect.insert_executemany_returning_sort_by_parameter_order:  # MariaDB ≥ 10.5
+        statement = insert(table).returning(table.c.id, sort_by_parameter_order=True)
+        return [int(row_id) for row_id in (await connection.execute(statement, rows)).scalars()]
+    return [_inserted_id(await connection.execute(insert(table).values(row))) for row in rows]
+
+
+async def _update_executions(
+    connection: AsyncConnection, updates: Sequence[SubagentUpdate]
+) -> list[SubagentWritten]:
+    """Apply ``updates`` in order, consecutive ones that set the same columns as one executemany."""
+    if not updates:
+        return []
+    ids = {update.execution_id for update in updates}
+    found = set(
+        (await connection.execute(select(_EXECUTIONS.c.id).where(_EXECUTIONS.c.id.in_(ids)))).scalars()
+    )
+    present = [update for update in updates if update.execution_id in found]
+    for _, run in itertools.groupby(present, key=lambda update: sorted(update.values)):
+        rows = [{"execution_id": update.execution_id, **update.values} for update in run]
+        await connection.execute(_UPDATE_EXECUTION, rows)
+    return [
+        None if update.execution_id in found else LookupError(f"no subagent execution {update.execution_id}")
+        for update in updates
+    ]
+
+
+_UPDATE_EXECUTION = update(_EXECUTIONS).where(_EXECUTIONS.c.id == bindparam("execution_id"))
 
 
 class ActionRepository:
