@@ -65,6 +65,7 @@ PER_MINUTE = 1000.0
 BUDGET_PER_SECOND = PER_MINUTE / 60.0
 WARM_TASKS = 5
 CREATE_CONCURRENCY = 64
+STEP_MS = (20, 50)  # each simulated task takes one step every 20-50 ms of real time (workload.py)
 DEFAULT_SECONDS = {100: 20.0, 1000: 30.0, 5000: 45.0}
 DEFAULT_SCALE = {100: 3.0, 1000: 5.0, 5000: 20.0}
 SERVICE_CORE, OTHER_CORE = 0, 1
@@ -268,6 +269,7 @@ class RunResult:
     ideal: float = math.nan
     events_offered: int = 0
     events_per_s: float = math.nan
+    offered_per_s: float = math.nan  # steps the runtime clients generated per real second
     cpu_per_1k: float = math.nan
     cpu_util: float = math.nan
     rss_per_card: float = math.nan
@@ -360,6 +362,7 @@ async def one_run(
     pin: bool = False,
     idle_only: bool = False,
     transport: str = "patch",
+    step_ms: tuple[int, int] = STEP_MS,
 ) -> RunResult:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -392,7 +395,14 @@ async def one_run(
                     await _measure_idle(bench, result, tasks=tasks)
                 else:
                     await _measure(
-                        bench, result, tasks=tasks, seconds=seconds, flush=flush, seed=seed, profile=profile
+                        bench,
+                        result,
+                        tasks=tasks,
+                        seconds=seconds,
+                        flush=flush,
+                        seed=seed,
+                        profile=profile,
+                        step_ms=step_ms,
                     )
         finally:
             os.sched_setaffinity(0, previous)
@@ -432,6 +442,7 @@ async def _measure(
     flush: float,
     seed: int,
     profile: bool = False,
+    step_ms: tuple[int, int] = STEP_MS,
 ) -> None:
     rng = random.Random(seed)
     clock = bench.clock
@@ -439,7 +450,7 @@ async def _measure(
 
     # Stream phase.
     streams = {
-        sid: TaskStream(i, time.monotonic(), random.Random(rng.random()))
+        sid: TaskStream(i, time.monotonic(), random.Random(rng.random()), step_ms)
         for i, (sid, _) in enumerate(created)
     }
     stop = asyncio.Event()
@@ -459,6 +470,7 @@ async def _measure(
     window_end = clock.monotonic()
     await asyncio.gather(*loops)
     accepted = after["events"] - before["events"]
+    result.offered_per_s = sum(s.generated for s in streams.values()) / (real1 - real0)
     result.events_offered = bench.accepted
     result.events_per_s = accepted / (real1 - real0)
     result.cpu_per_1k = (after["cpu"] - before["cpu"]) / accepted * 1000 if accepted else math.nan
@@ -539,6 +551,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("staleness p50 (scaled s)", "stale_p50", "{:.2f}"),
     ("staleness p99 (scaled s)", "stale_p99", "{:.2f}"),
     ("ideal staleness = cards ÷ 16.7/s", "ideal", "{:.2f}"),
+    ("events/s offered by the runtime clients (real s)", "offered_per_s", "{:,.0f}"),
     ("events/s accepted (real s)", "events_per_s", "{:,.0f}"),
     ("mean events per POST", "mean_batch", "{:.1f}"),
     ("service CPU s per 1 000 events", "cpu_per_1k", "{:.3f}"),
@@ -647,9 +660,16 @@ def main() -> None:
         default="patch",
         help="our service's card transport (the budget, fairness and staleness rows count PATCHes)",
     )
+    parser.add_argument(
+        "--step-ms",
+        default="20,50",
+        help="LOW,HIGH: ms between two steps of one task (lower offers more events per second)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     sizes = [int(x) for x in args.tasks.split(",") if x.strip()]
+    low, high = (int(x) for x in args.step_ms.split(","))
+    step_ms = (low, high)
     tables = []
     for tasks in sizes:
         seconds = args.seconds or DEFAULT_SECONDS.get(tasks, 30.0)
@@ -671,6 +691,7 @@ def main() -> None:
                         pin=args.pin,
                         idle_only=args.idle_only,
                         transport=args.transport,
+                        step_ms=step_ms,
                     )
                 )
                 runs["ours" if kind == "ours" else "naive"].append(res)

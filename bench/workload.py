@@ -34,6 +34,7 @@ class TaskStream:
         self.running: dict[str, int] = {}  # subagent task_id -> its round
         self._steps = self._script()
         self.subagents_started = 0
+        self.generated = 0  # steps handed out by due()
 
     def due(self, now: float) -> list[Event]:
         """Every step due by ``now`` (at most MAX_BATCH - 8, leaving room for a final batch)."""
@@ -43,6 +44,7 @@ class TaskStream:
             out.append(next(self._steps))
             self.next_at += self.rng.uniform(low, high) / 1000
         self.next_at = max(self.next_at, now)
+        self.generated += len(out)
         return out
 
     def final(self) -> list[Event]:
