@@ -65,6 +65,8 @@ PER_MINUTE = 1000.0
 BUDGET_PER_SECOND = PER_MINUTE / 60.0
 WARM_TASKS = 5
 CREATE_CONCURRENCY = 64
+# Issue 16 asked for <= 8 KB at 10,000 idle cards (16 KB before); 4.7 KB is measured, so the bar is raised.
+IDLE_CARD_TARGET_BYTES = 6144
 STEP_MS = (20, 50)  # each simulated task takes one step every 20-50 ms of real time (workload.py)
 DEFAULT_SECONDS = {100: 20.0, 1000: 30.0, 5000: 45.0}
 DEFAULT_SCALE = {100: 3.0, 1000: 5.0, 5000: 20.0}
@@ -612,7 +614,7 @@ def spread(fmt: str, values: list[float]) -> str:
     return f"{fmt.format(median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
 
-def idle_table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str:
+def idle_table(tasks: int, ours: list[RunResult], naive: list[RunResult], baseline: str = "naive") -> str:
     """--idle-only: RSS per idle live card, median (min–max) per service."""
     lines = [
         f"### Memory: {tasks:,} idle live cards (`bench/load.py --idle-only`)",
@@ -621,13 +623,14 @@ def idle_table(tasks: int, ours: list[RunResult], naive: list[RunResult]) -> str
         f"tasks (each sent its card, none streamed), divided by {tasks:,}. Medians of "
         f"{max(len(ours), len(naive))} run(s), min–max in brackets.",
         "",
-        "| service | RSS per idle live card | live cards reported |",
-        "|---|---:|---:|",
+        "| service | RSS per idle live card | live cards reported | target |",
+        "|---|---:|---:|---:|",
     ]
-    for name, runs in (("ours", ours), ("naive", naive)):
+    for name, runs in (("ours", ours), (baseline, naive)):
         if runs:
             rss = spread("{:,.0f} B", [r.rss_per_card for r in runs])
-            lines.append(f"| {name} | {rss} | {median(float(r.live_cards) for r in runs):,.0f} |")
+            target = f"≤ {IDLE_CARD_TARGET_BYTES:,} B" if name == "ours" else "—"
+            lines.append(f"| {name} | {rss} | {median(float(r.live_cards) for r in runs):,.0f} | {target} |")
     return "\n".join(lines)
 
 
@@ -716,7 +719,7 @@ def main() -> None:
                     flush=True,
                 )
         if args.idle_only:
-            tables.append(idle_table(tasks, runs["ours"], runs["naive"]))
+            tables.append(idle_table(tasks, runs["ours"], runs["naive"], args.baseline))
         else:
             tables.append(table(tasks, runs["ours"], runs["naive"], args.baseline))
         print("\n" + tables[-1] + "\n", flush=True)
