@@ -433,3 +433,20 @@ async def test_readyz_says_degraded_but_stays_ready_while_feishu_is_down_for_eve
                 break
             await asyncio.sleep(0.05)
     assert body["status"] == "ready"
+
+
+async def test_a_lone_surrogate_escape_is_refused_and_a_paired_one_is_text(
+    client: TestClient[Any, Any],
+) -> None:
+    session_id, _ = await _create(client)
+    started = '{"type": "tool_started", "call_id": "c1", "name": "shell", "args": {"command": "%s"}}'
+    for escaped, status in (("\\ud800", 400), ("\\ud83d\\ude00", 202)):  # the second is an emoji
+        body = '{"events": [%s]}' % (started % escaped)
+        response = await client.post(
+            f"/v1/tasks/{session_id}/events",
+            data=body,
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert response.status == status, await response.text()
+    view = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    assert "\U0001f600" in json.dumps(view["card"], ensure_ascii=False)

@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -170,9 +171,26 @@ async def read_json(
     """The body parsed as JSON (400 when it is not)."""
     raw = await read_body(request, limit=limit, timeout=timeout)
     try:
-        return json.loads(raw)
+        parsed = json.loads(raw)
     except (ValueError, RecursionError):
         raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+    if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(parsed):
+        # A lone \ud800 parses, but no column or card can hold it: refused here, not at the first save.
+        raise HttpError(
+            400, "invalid_json", "the body has a lone surrogate escape (\\ud800-\\udfff): not Unicode text"
+        )
+    return parsed
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a fast scan; only such bodies are checked in full
+
+
+def _is_unicode(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def read_file_field(
