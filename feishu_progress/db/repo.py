@@ -613,9 +613,8 @@ class ActionRepository:
         async with self._db.session() as session:
             existing = await self._by_keys(session, keys)
             fresh = {key: action for key, action in zip(keys, actions, strict=True) if key not in existing}
-            if (
-                fresh
-            ):  # one executemany, not an ORM flush of one INSERT per action (each a thread hop on SQLite)
+            # One executemany, not an ORM flush of one INSERT per action (each a thread hop on SQLite).
+            if fresh:
                 await session.execute(
                     insert(_ACTIONS), [_action_row(action, key) for key, action in fresh.items()]
                 )

@@ -55,11 +55,7 @@ def _size_bound(value: Any, budget: int, depth: int) -> int | None:
         for key, item in value.items():
             if type(key) is not str:
                 return None
-            part = (
-                _MAX_BYTES_PER_CHAR * len(item) + 2
-                if type(item) is str
-                else _size_bound(item, budget, depth + 1)
-            )
+            part = _size_bound(item, budget, depth + 1)
             if part is None:
                 return None
             total += _MAX_BYTES_PER_CHAR * len(key) + part
