@@ -18,14 +18,14 @@ from feishu_progress.cards.callback_contract import ACTIONS, CALLBACK_VERSION, d
 from feishu_progress.config import Settings
 from feishu_progress.db.repo import NewAction
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.domain import Notice, TaskStatus
+from feishu_progress.domain import Notice
 from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent, ToastType
 from feishu_progress.i18n import Msg
 from feishu_progress.ports import Clock
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.snapshots import SnapshotStore
-from feishu_progress.runtime.state import TaskState
+from feishu_progress.runtime.state import RETRYABLE, TaskState
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,6 @@ class Decision:
     toast_key: str
     kind: str | None = None  # the action log's kind; None: nothing to record or apply
     payload: Mapping[str, Any] | None = None
-    apply: Callable[[TaskState], None] | None = None
 
 
 def parse_click(value: Mapping[str, Any]) -> Click | None:
@@ -178,16 +177,15 @@ class CardActions:
 
     async def _decide_and_apply(self, task: Task, click: Click, event: CardActionEvent) -> CallbackReply:
         decision = _DECIDERS[click.action](task.state, click, event)
-        if decision.kind is None or decision.apply is None:
+        if decision.kind is None:
             return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
         try:
             recorded = await self._action_log.record(self._action(task.session_id, decision, event))
         except Exception as exc:
             log.warning("click %r on task %s not recorded: %r", click.action, task.session_id, exc)
             return _toast("error", "card.toast.error")
-        if recorded.id > task.state.actions_applied:  # a redelivery racing the first: applied once
-            decision.apply(task.state)
-            task.state.actions_applied = recorded.id
+        # The state's one interpreter, by the log's id: a redelivery racing the first is applied once.
+        task.state.apply_logged_action(recorded.id, decision.kind, decision.payload or {})
         task.sync_card()  # the reply carries the new card; the scheduler brings every viewer up to date
         self._snapshots.mark_dirty(task)
         return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
@@ -201,21 +199,21 @@ def _cancel(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
         return Decision("info", "card.toast.task_finished")
     if state.notice is Notice.CANCELLING:
         return Decision("success", "card.toast.cancelling")
-    return Decision("success", "card.toast.cancelling", "cancel", {}, TaskState.request_cancel)
+    return Decision("success", "card.toast.cancelling", "cancel", {})
 
 
 def _retry(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
-    if state.status not in (TaskStatus.FAILED, TaskStatus.LOST):
+    if state.status not in RETRYABLE:
         return Decision("info", "card.toast.retry_not_failed")
     if state.retry_requested:
         return Decision("success", "card.toast.retrying")
-    return Decision("success", "card.toast.retrying", "retry", {}, TaskState.request_retry)
+    return Decision("success", "card.toast.retrying", "retry", {})
 
 
 def _dislike(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
     disliked = not state.disliked
     key = "card.toast.disliked" if disliked else "card.toast.undisliked"
-    return Decision("success", key, "dislike", {"disliked": disliked}, lambda s: s.set_disliked(disliked))
+    return Decision("success", key, "dislike", {"disliked": disliked})
 
 
 def _answers(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
@@ -239,7 +237,7 @@ def _answers(state: TaskState, click: Click, event: CardActionEvent) -> Decision
             for question, (labels, text) in zip(ask.questions, answers, strict=True)
         ],
     }
-    return Decision("success", "card.toast.answers_submitted", "answers", payload, lambda s: s.answer(ask_id))
+    return Decision("success", "card.toast.answers_submitted", "answers", payload)
 
 
 def _decision_on_approval(state: TaskState, click: Click, approved: bool) -> Decision:
@@ -253,7 +251,7 @@ def _decision_on_approval(state: TaskState, click: Click, approved: bool) -> Dec
         return Decision("info", "card.toast.expired")
     payload = {"approval_id": approval_id, "tool_name": approval.tool_name, "approved": approved}
     key = "card.toast.approved" if approved else "card.toast.denied"
-    return Decision("success", key, "approval", payload, lambda s: s.decide(approval_id, approved))
+    return Decision("success", key, "approval", payload)
 
 
 def _approve(state: TaskState, click: Click, event: CardActionEvent) -> Decision:

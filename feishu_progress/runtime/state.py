@@ -46,6 +46,8 @@ UPLOADED_IMAGE_PREFIX = "fpimg:"
 SNAPSHOT_VERSION = 2
 
 # Notices that the runtime's next RUNNING status makes obsolete.
+# A retry click asks the runtime to run a task again: only one that failed or lost contact.
+RETRYABLE = frozenset({TaskStatus.FAILED, TaskStatus.LOST})
 _CLEARED_BY_RUNNING = frozenset({Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.DENIED})
 
 
@@ -259,26 +261,37 @@ class TaskState:
         self.notice = Notice.APPROVED if approved else Notice.DENIED
 
     def apply_logged_action(self, action_id: int, kind: str, payload: Mapping[str, Any]) -> None:
-        """The effect of a click read back from the action log: recorded, but not in this saved state.
+        """Apply a click recorded in the action log as ``action_id``, once (by id).
 
-        A click is logged before it changes the task (runtime/card_actions.py). When the process that
-        applied it died before saving, or another instance recorded it while the owner was out of
-        reach, whoever holds the task next replays it from the log with these same methods.
+        A click is logged before it changes the task (runtime/card_actions.py), which then applies it here
+        at once. When the process that applied it died before saving, or another instance recorded it
+        while the owner was out of reach, whoever holds the task next replays it from the log through
+        this same method, so a live click and a replayed one can never mean different things.
         """
         if action_id <= self.actions_applied:
             return
         self.actions_applied = action_id
+        self.apply_action(kind, payload)
+
+    def apply_action(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """The one interpreter of a recorded click: what it changes in the task's state now.
+
+        The same rules the card's answer is decided by: a click the task has moved past (a cancel or
+        an answer after the end, a retry of a task that is not failed) changes nothing.
+        """
+        ask_id, approval_id = payload.get("ask_id"), payload.get("approval_id")
         if kind == "dislike":
             self.set_disliked(payload.get("disliked") is True)
-        elif self.status.is_terminal and kind != "retry":
+        elif kind == "retry":
+            if self.status in RETRYABLE:
+                self.request_retry()
+        elif self.status.is_terminal:
             return  # a cancel, answer or approval the task finished before
         elif kind == "cancel":
             self.request_cancel()
-        elif kind == "retry":
-            self.request_retry()
-        elif kind == "answers" and isinstance(ask_id := payload.get("ask_id"), str):
+        elif kind == "answers" and isinstance(ask_id, str) and ask_id in self.pending_asks:
             self.answer(ask_id)
-        elif kind == "approval" and isinstance(approval_id := payload.get("approval_id"), str):
+        elif kind == "approval" and isinstance(approval_id, str) and approval_id in self.approvals:
             self.decide(approval_id, payload.get("approved") is True)
 
     # ----------------------------------------------------------------- views
