@@ -24,7 +24,7 @@ from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewher
 from feishu_progress.feishu.callback import render_reply
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.services import Services
-from feishu_progress.web.http import HttpError, read_json, require_bearer
+from feishu_progress.web.http import HttpError, parse_id, read_json, require_bearer
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,9 @@ def writer_routing(services: Services) -> Middleware:
 
 def _routed_session(request: web.Request) -> int | None:
     raw = request.match_info.get("session_id")
-    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        return None
-    if request.path.endswith("/actions"):
+    if raw is None or request.path.endswith("/actions"):
         return None  # the action log answers from any instance
-    return int(raw)
+    return parse_id(raw)
 
 
 async def _forward(services: Services, request: web.Request, elsewhere: OwnedElsewhere) -> web.StreamResponse:

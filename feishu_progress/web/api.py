@@ -13,23 +13,21 @@ from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
 from feishu_progress.runtime.service import TaskService
-from feishu_progress.web.http import HttpError, read_file_field, read_json
+from feishu_progress.web.http import MAX_ID, HttpError, parse_id, read_file_field, read_json
 
 log = logging.getLogger(__name__)
 
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
-MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
 
 
 def _session_id(request: web.Request) -> int:
     raw = request.match_info["session_id"]
-    # ASCII digits only ("²".isdigit() is true, int("²") fails), and within the BIGINT column: anything
-    # else names no task (a 404), never a failed database query.
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
+    session_id = parse_id(raw)
+    if session_id is None:
         raise HttpError(404, "unknown_task", f"no task {raw[:40]!r}")
-    return int(raw)
+    return session_id
 
 
 def _idempotency_key(request: web.Request) -> str | None:

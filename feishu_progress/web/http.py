@@ -102,6 +102,21 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return unavailable("the service could not complete the request; retry later")
 
 
+MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
+
+
+def parse_id(raw: str) -> int | None:
+    """A session or action id from a URL path, or None when it can name nothing.
+
+    ASCII digits only ("²".isdigit() is true, int("²") fails), within the BIGINT column: anything else
+    names no task, never a failed database query. The runtime API and cluster forwarding both use it,
+    so an id one accepts is never one the other refuses.
+    """
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
+        return None
+    return int(raw)
+
+
 def _as_bytes(text: str) -> bytes:
     # Headers arrive as str; one that is not valid UTF-8 carries lone surrogates. It must compare
     # unequal (a 401), never raise (which used to surface as a 500).
