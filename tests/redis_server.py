@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+import pytest
 
 
 @dataclass
@@ -83,9 +86,26 @@ class OwnRedis:
             process.stdout.close()
 
 
+def require_redis_server_binary() -> None:
+    """Skip the test, with the reason, where no ``redis-server`` is installed; under CI=true, fail.
+
+    Only the tests that restart or pause Redis need their own server; the others use the machine's.
+    """
+    if shutil.which("redis-server") is not None:
+        return
+    message = "redis-server is not installed (the Debian package redis-server provides it)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + "; CI=true requires it", pytrace=False)
+    pytest.skip(message)
+
+
 @contextmanager
 def own_redis_server() -> Iterator[OwnRedis]:
-    """A started ``OwnRedis`` on a free port, stopped when the block ends (also when it fails)."""
+    """A started ``OwnRedis`` on a free port, stopped when the block ends (also when it fails).
+
+    Skips the test where the ``redis-server`` binary is missing (``require_redis_server_binary``).
+    """
+    require_redis_server_binary()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -126,3 +126,15 @@ def test_a_private_redis_server_restarts_empty_on_the_same_port_and_always_stops
     assert process.poll() is not None  # stopped with the block
     with pytest.raises(ProcessLookupError):
         os.kill(process.pid, signal.SIGCONT)
+
+
+def test_without_a_redis_server_binary_a_test_is_skipped_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no redis-server on it
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="redis-server is not installed"), own_redis_server():
+        pass
+    monkeypatch.setenv("CI", "true")  # CI must have it: there a missing binary fails the test
+    with pytest.raises(pytest.fail.Exception, match="CI=true requires it"), own_redis_server():
+        pass
