@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
 from feishu_progress.feishu import FeishuCardSink, FeishuClient
+from feishu_progress.feishu.client import is_feishu_host
 from feishu_progress.ports import OutcomeKind
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
 from tests.fakes import FakeClock
@@ -231,3 +232,19 @@ async def test_one_pooled_connection_carries_sequential_calls(
         await client.patch_card(message_id, card(f"v{i}"))
     assert sandbox.state.requests["patch"] == 5
     assert sandbox.state.connections == 1  # token, send and PATCHes all reuse one keep-alive socket
+
+
+@pytest.mark.parametrize(
+    ("base_url", "official"),
+    [
+        ("https://open.feishu.cn", True),
+        ("https://open.larksuite.com/", True),
+        ("https://OPEN.FEISHU.CN.", True),
+        ("http://127.0.0.1:9000", False),
+        ("https://feishu.cn.example.com", False),
+        ("https://proxy.internal/feishu.cn", False),
+    ],
+)
+def test_only_feishus_own_hosts_count_as_feishu(base_url: str, official: bool) -> None:
+    """Only these get no X-FP-Instance header (the sandbox and proxies do: the cluster tests read it)."""
+    assert is_feishu_host(base_url) is official

@@ -17,6 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -34,9 +35,18 @@ IMAGES_PATH = "/open-apis/im/v1/images"
 CARDS_PATH = "/open-apis/cardkit/v1/cards"
 DEFAULT_RENEW_MARGIN_SECONDS = 300.0
 DEFAULT_POOL_LIMIT = 64
-# Names the sending instance on every Open API call. Feishu ignores headers it does not know; the
-# sandbox logs it, so a multi-instance test can tell which instance wrote a card.
+# Names the sending instance on Open API calls to anything but Feishu's or Lark's own hosts: the sandbox
+# logs it, so a multi-instance test can tell which instance wrote a card. Feishu gets only its own headers.
 INSTANCE_HEADER = "X-FP-Instance"
+FEISHU_DOMAINS = ("feishu.cn", "larksuite.com", "larkoffice.com")
+
+
+def is_feishu_host(base_url: str) -> bool:
+    """True for Feishu's and Lark's own Open API hosts (and their subdomains)."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    return any(host == domain or host.endswith("." + domain) for domain in FEISHU_DOMAINS)
+
+
 _PATH_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 Json = dict[str, Any]
@@ -108,7 +118,8 @@ class FeishuClient:
             if write_timeout
             else None
         )
-        self._instance_headers = {INSTANCE_HEADER: instance_id} if instance_id else {}
+        sends_instance = instance_id is not None and not is_feishu_host(settings.base_url)
+        self._instance_headers = {INSTANCE_HEADER: instance_id} if instance_id and sends_instance else {}
         self._base_url = settings.base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
         self._pool_limit = pool_limit
