@@ -1,8 +1,12 @@
 """The one holder of background tasks (aiogram's pattern): tracked, failures logged, drained on shutdown.
 
 Slow work started from a request (image uploads, a callback handler past its deadline), the scheduler's
-sends and the subagent batcher's queries all run in one of these; nothing is a bare ``create_task``
-whose failure would vanish or which shutdown would never wait for.
+sends and the subagent batcher's queries all run in one of these: none of them is a bare ``create_task``
+whose failure would vanish or which shutdown would never wait for. Two kinds of task stay outside it
+on purpose, because their owner already awaits or cancels them: a long-lived loop an object starts and
+cancels in its own ``close()`` (the scheduler's dispatcher, the Redis prober of cluster mode, the
+client's delayed flush), and a future its creator awaits at once (a shared token refresh, a race
+between an event and a timer in ``waiting.py`` and the callback pipeline).
 """
 
 from __future__ import annotations

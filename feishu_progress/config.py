@@ -1,4 +1,4 @@
-"""Settings from the environment (and `.env`), with the names of PRODUCT.md.
+"""Settings from the environment (and `.env`), with the names README.md documents.
 
 Nested groups use ``__``: ``FP_FEISHU__APP_ID``, ``FP_RATE__APP_PER_SECOND``... Settings are built
 once at the entry point and passed explicitly; nothing reads the environment at import time.
@@ -120,7 +120,7 @@ class RateSettings(BaseModel):
 
 
 class CardKitSettings(BaseModel):
-    """FP_CARDKIT__*: pacing of CardKit cards (reference/feishu-platform.md §4)."""
+    """FP_CARDKIT__*: pacing of CardKit cards (docs/feishu-platform.md §4)."""
 
     # Feishu closes streaming 600 s after it was last opened; re-open well before (updates after the
     # close are sometimes dropped without an error).

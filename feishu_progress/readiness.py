@@ -54,11 +54,14 @@ def _cardkit(services: Services) -> str | None:
 
 
 def _feishu_outage(services: Services) -> str | None:
-    scheduler = services.scheduler
-    if scheduler is None or scheduler.breaker.opened_at is None:
+    breaker = None if services.scheduler is None else services.scheduler.breaker
+    if breaker is None or breaker.opened_at is None:
         return None
-    down = services.clock.monotonic() - scheduler.breaker.opened_at
-    return f"outage breaker open for {down:.0f} s: Feishu fails for every card, probing every 2 s"
+    down = services.clock.monotonic() - breaker.opened_at
+    return (
+        f"outage breaker open for {down:.0f} s: Feishu fails for every card, "
+        f"probing every {breaker.probe_interval:g} s"
+    )
 
 
 async def _database(services: Services) -> str | None:

@@ -58,7 +58,7 @@ PER_SECOND = 50
 RUNNING = TaskStatus.RUNNING
 COMPLETED = TaskStatus.COMPLETED
 
-# Codes the sandbox answers with (reference/feishu-platform.md).
+# Codes the sandbox answers with (docs/feishu-platform.md).
 MESSAGE_RATE_LIMITED = 230020
 GATEWAY_RATE_LIMITED = 99991400
 HTTP_TOO_MANY = 429

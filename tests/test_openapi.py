@@ -497,3 +497,23 @@ async def test_any_other_method_answers_405_with_the_error_body(api: Api, contra
             body = await response.json()
         validator.validate(body)
         assert body["error"] == "method_not_allowed"
+
+
+async def test_the_document_names_exactly_the_routes_the_app_serves(api: Api) -> None:
+    """Routes are declared in web/api.py and documented in web/openapi.py: this ties the two lists.
+
+    The sandbox preview (``/sandbox``, ``/_sandbox``) is left out on purpose, as README says; so are
+    aiohttp's automatic HEAD routes.
+    """
+    served = {
+        (route.resource.canonical, route.method.lower())
+        for route in api.client.app.router.routes()
+        if route.resource is not None
+        and route.method not in ("HEAD", "*")
+        and not route.resource.canonical.startswith(("/sandbox", "/_sandbox"))
+        and route.resource.canonical != "/"
+    }
+    documented = {
+        (path, method) for path, operations in openapi_document()["paths"].items() for method in operations
+    }
+    assert served == documented

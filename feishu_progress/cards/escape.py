@@ -4,7 +4,7 @@ Two strengths, chosen by where the text lands:
 
 * ``escape_inline`` — for one-line text inside our own markdown (tool lines, titles, labels,
   paths, prompts). Every markdown special and every ``<`` / ``&`` becomes a numeric HTML entity
-  (``&#42;`` style, reference/feishu-platform.md §1), newlines become spaces: the text renders
+  (``&#42;`` style, docs/feishu-platform.md §1), newlines become spaces: the text renders
   exactly as typed and can never open a tag (``<at>``, ``<font>``, ``<a>`` ...), a link, an image,
   emphasis, a list or a heading.
 * ``escape_markdown`` — for the agent's streamed content, which is markdown we *want* rendered

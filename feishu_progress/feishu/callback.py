@@ -3,7 +3,7 @@
 No aiohttp here: ``parse_callback`` takes the raw bytes, the headers and the time, so the webhook
 (``web/callbacks.py``) and the long-connection receiver (``feishu/ws.py``) share one conversion.
 
-Checks, in this order (reference/feishu-platform.md §5):
+Checks, in this order (docs/feishu-platform.md §5):
 
 1. body size (``callback.max_body_bytes``) → 413
 2. signature ``sha256(ts + nonce + encrypt_key + raw_body)`` when an Encrypt Key is configured → 401,

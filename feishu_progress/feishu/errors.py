@@ -1,6 +1,6 @@
 """THE one place that maps Feishu errors to delivery decisions (ports.PatchOutcome).
 
-Codes and their meanings come from reference/feishu-platform.md §2, §3, §4 (CardKit) and §7. Anything
+Codes and their meanings come from docs/feishu-platform.md §2, §3, §4 (CardKit) and §7. Anything
 not named here stops updating the card with the code and message recorded: an unknown failure is never
 retried forever and never swallowed.
 """

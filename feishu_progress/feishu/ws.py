@@ -10,7 +10,7 @@ signature, token or encryption to check, and ``operator.user_id`` may be absent.
 its loop), and ``problem()`` for ``/readyz`` — whether the websocket is up and the gateway still
 speaks (any frame, e.g. the pong to the client's ping, within three ping intervals).
 
-Caveats of lark-oapi's ``ws.Client`` (reference/lark-oapi.md §5, measured on 1.7.5):
+Caveats of lark-oapi's ``ws.Client`` (docs/feishu-platform.md §9, measured on 1.7.5):
 
 * ``import lark_oapi`` costs ~4-5 s and ~170 MB, so it happens lazily, inside the ws thread only.
 * ``lark_oapi.ws.client`` binds a module-level event loop at import time (whatever loop is current,

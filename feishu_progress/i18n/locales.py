@@ -1,13 +1,13 @@
 """Every locale code the project knows, in one place: Feishu's card codes and the catalogs' codes.
 
 Feishu shows a card in the viewer's language when the card carries ``i18n_content`` for that code
-(reference/feishu-platform.md §8). The catalogs cover nine languages (seed 001 §4.7); Turkish is one
+(docs/feishu-platform.md §8). The catalogs cover nine languages (seed 001 §4.7); Turkish is one
 of them but has no Feishu code, so a deployment can only pick it as the card's single language.
 """
 
 from __future__ import annotations
 
-# Feishu's card locale codes (reference/feishu-platform.md §8), in Feishu's order.
+# Feishu's card locale codes (docs/feishu-platform.md §8), in Feishu's order.
 FEISHU_LOCALES: tuple[str, ...] = (
     "zh_cn",
     "en_us",

@@ -1,6 +1,6 @@
 """A CardKit card entity as one writer sees it, and which calls the next write makes. Pure.
 
-A CardKit card (reference/feishu-platform.md §4) is written three ways: its answer text streams into one
+A CardKit card (docs/feishu-platform.md §4) is written three ways: its answer text streams into one
 element (typed out by the client, cheap), the whole card is replaced (status, tools, subagents, buttons),
 and its streaming mode is switched on (which also restarts Feishu's 10-minute window) or off. The
 scheduler launches one write per card at a time, at most every ``text_interval``; ``plan`` decides what

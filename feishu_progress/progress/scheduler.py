@@ -1,6 +1,6 @@
 """The delivery scheduler: decides when each live card may be written (one per process, shared by all cards).
 
-Rules (ARCHITECTURE.md "The delivery scheduler"):
+Rules (docs/architecture.md, "Flow" step 3):
 - exactly one write in flight per card; the newest state wins (a write carries the state at build time,
   changes during the flight cause one more write afterwards);
 - at least ``message_interval`` between two PATCH starts of one message; a CardKit card (its text

@@ -1,4 +1,4 @@
-"""The runtime API's request models (PRODUCT.md "Events"), validated with pydantic.
+"""The runtime API's request models (README.md "The runtime API"; docs/openapi.json), validated with pydantic.
 
 A batch is validated whole before anything is applied, so a rejected batch changes nothing.
 Every model forbids unknown fields: a typo in an event is an error the runtime sees, not a field

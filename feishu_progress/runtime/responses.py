@@ -1,4 +1,4 @@
-"""The runtime API's response bodies (PRODUCT.md "Public HTTP"): every 2xx body and the one error body.
+"""The runtime API's response bodies (docs/openapi.json): every 2xx body and the one error body.
 
 The task service returns these models, the handlers send exactly their JSON, the OpenAPI document
 (``web/openapi.py``) is generated from them and the Python client (``feishu_progress.client``) parses

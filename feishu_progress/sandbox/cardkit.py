@@ -1,6 +1,6 @@
 """CardKit in the sandbox: card entities, sending them by reference, full updates, settings, streamed text.
 
-Rules and codes follow reference/feishu-platform.md §4; state.py's code list marks the sandbox's guesses.
+Rules and codes follow docs/feishu-platform.md §4; state.py's code list marks the sandbox's guesses.
 An entity's card is never mutated: every change builds a new dict (sharing the untouched parts), so the
 cards in a message's ``history`` stay as they were shown. Time is the sandbox's (scaled or injected).
 """

@@ -1,7 +1,7 @@
 """Card clicks as Feishu delivers them: a ``card.action.trigger`` body, encrypted and signed.
 
 The demo and the end-to-end tests use this to click on cards through the real callback endpoint,
-exactly as Feishu would (reference/feishu-platform.md §5).
+exactly as Feishu would (docs/feishu-platform.md §5).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the sandbox knows and decides: tokens, messages, limits, and every card it received.
 
 The HTTP layer (server.py) only parses and answers; every rule lives here so tests can read it.
-Limits and codes follow reference/feishu-platform.md §2, §3, §4, §6, §7. CardKit (card entities and
+Limits and codes follow docs/feishu-platform.md §2, §3, §4, §6, §7. CardKit (card entities and
 streaming) lives in cardkit.py, which builds on this module; its codes are listed here with the others.
 """
 

@@ -1,4 +1,4 @@
-"""The runtime API (PRODUCT.md "Public HTTP"): tasks, their events, their card, their user actions."""
+"""The runtime API (docs/openapi.json): tasks, their events, their card, their user actions."""
 
 from __future__ import annotations
 
