@@ -61,7 +61,7 @@ def image_call(call_id: str, *items: dict[str, str], name: str = "generate_image
 class Collected:
     batches: list[dict[str, str]] = field(default_factory=list)
 
-    def __call__(self, keys: dict[str, str]) -> None:
+    async def __call__(self, keys: dict[str, str]) -> None:
         self.batches.append(keys)
 
     @property

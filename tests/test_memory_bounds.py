@@ -24,7 +24,7 @@ from feishu_progress.config import AdminSettings, HttpSettings, Settings
 from feishu_progress.errors import EventRejected
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.bounds import MAX_TOOL_VALUE_BYTES, bound_json, fits, json_size
-from feishu_progress.runtime.state import MAX_PENDING, MAX_TOOLS_KEPT, TaskState
+from feishu_progress.runtime.state import MAX_IMAGE_KEYS, MAX_PENDING, MAX_TOOLS_KEPT, TaskState
 from feishu_progress.runtime.task import Task
 
 Client = TestClient[Any, Any]
@@ -127,6 +127,15 @@ def test_more_pending_questions_than_the_cap_are_refused_whole() -> None:
     with pytest.raises(EventRejected) as refused:
         state.check_batch(asks)
     assert refused.value.location == f"events[{MAX_PENDING}].ask_id"
+
+
+def test_images_of_tool_results_stay_within_the_cap_of_image_keys() -> None:
+    state = TaskState(session_id=1, requester_open_id="ou", receive_id="oc", receive_id_type="chat_id")
+    for n in range(3):
+        state.add_result_images({f"/img/{n}-{i}.png": f"img_{n}_{i}" for i in range(60)})
+    assert len(state.image_keys) == MAX_IMAGE_KEYS
+    state.add_result_images({"/img/0-0.png": "img_new"})  # a known source may get its new key
+    assert state.image_keys["/img/0-0.png"] == "img_new"
 
 
 # -- through the app ------------------------------------------------------------------------------

@@ -110,9 +110,11 @@ class EventApplier:
         if call is None:
             return
 
-        def ready(keys: dict[str, str]) -> None:
-            task.state.image_keys.update(keys)
-            task.sync_card()
+        async def ready(keys: dict[str, str]) -> None:
+            # Under the task's lock, like every change of the state: a batch may be mid-apply.
+            async with task.lock:
+                task.state.add_result_images(keys)
+                task.sync_card()
             self._snapshots.mark_dirty(task)
 
         self._images.collect(call, ready, task.session_id)

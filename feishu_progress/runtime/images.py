@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -99,7 +99,7 @@ class ImageKeys:
         )
 
     def collect(
-        self, call: ToolCall, ready: Callable[[dict[str, str]], None], task_id: int | None = None
+        self, call: ToolCall, ready: Callable[[dict[str, str]], Awaitable[None]], task_id: int | None = None
     ) -> None:
         """Start uploading ``call``'s images; ``ready`` gets {image_path or image_url: image_key}.
 
@@ -138,14 +138,14 @@ class ImageKeys:
     async def _upload_all(
         self,
         plans: list[list[ImageSource]],
-        ready: Callable[[dict[str, str]], None],
+        ready: Callable[[dict[str, str]], Awaitable[None]],
         context: Mapping[str, object],
     ) -> None:
         # Concurrent per image: the uploads' semaphore, not this loop, bounds what is in memory.
         found = await asyncio.gather(*(self._first_key(sources, context) for sources in plans))
         keys = dict(pair for pair in found if pair is not None)
         if keys:
-            ready(keys)
+            await ready(keys)
 
     async def _first_key(
         self, sources: list[ImageSource], context: Mapping[str, object]

@@ -228,6 +228,15 @@ class TaskState:
             raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
         self.image_keys[ref] = image_key
 
+    def add_result_images(self, keys: Mapping[str, str]) -> None:
+        """Images a tool result named, uploaded: {image_path or image_url: image_key}.
+
+        Within the same cap as the runtime's uploads; past it an image stays 图片不可达 on the card.
+        """
+        for source, image_key in keys.items():
+            if source in self.image_keys or len(self.image_keys) < MAX_IMAGE_KEYS:
+                self.image_keys[source] = image_key
+
     # ----------------------------------------------------------------- clicks and housekeeping
     def mark_lost(self, now: float) -> None:
         """The runtime went silent: 失去联系."""
