@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from feishu_progress.background import BackgroundTasks
+from feishu_progress.shared_result import fail_all, shared_future, wait_shared
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,11 @@ class GroupCommit(Generic[Item, Result]):
         self._writer: asyncio.Task[None] | None = None
 
     async def submit(self, item: Item) -> Result:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result] = shared_future()
         self._queue.append((item, future))
         if self._writer is None or self._writer.done():
             self._writer = self._background.spawn(self._drain(), name=f"group-commit-{self._name}")
-        # shield: a caller that stops waiting must not cancel the write the others are part of.
-        return await asyncio.shield(future)
+        return await wait_shared(future)  # a caller that stops waiting leaves the others' write alone
 
     async def _drain(self) -> None:
         while self._queue:
@@ -61,17 +61,8 @@ class GroupCommit(Generic[Item, Result]):
             if len(results) != len(batch):
                 raise RuntimeError(f"{self._name}: {len(results)} results for {len(batch)} items")
         except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-                    future.add_done_callback(_consume)
+            fail_all((future for _, future in batch), exc)
             return
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    # Every waiter sees the error; this only stops asyncio reporting it when a waiter has gone.
-    if not future.cancelled():
-        future.exception()

@@ -26,6 +26,7 @@ from feishu_progress.errors import FeishuAPIError, FeishuProgressError, FeishuTr
 from feishu_progress.feishu.errors import TOKEN_CODES
 from feishu_progress.feishu.retry import RetryPolicy, with_retries
 from feishu_progress.ports import Clock, SystemClock
+from feishu_progress.shared_result import shared_work, wait_shared
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,8 @@ class TokenCache:
         if self._token is not None and self._clock.monotonic() < self._renew_at:
             return self._token
         if self._inflight is None:
-            self._inflight = asyncio.ensure_future(self._refresh())
-            self._inflight.add_done_callback(_consume_exception)
-        # shield: one impatient caller being cancelled must not cancel the fetch the others wait on.
-        return await asyncio.shield(self._inflight)
+            self._inflight = shared_work(self._refresh())
+        return await wait_shared(self._inflight)
 
     def invalidate(self, rejected: str) -> None:
         """Forget ``rejected`` unless a newer token already replaced it (avoids refetch stampedes)."""
@@ -319,12 +318,6 @@ class FeishuClient:
         if self._session is None:
             raise RuntimeError("FeishuClient is not open: use `await FeishuClient.open(...)` or `async with`")
         return self._session
-
-
-def _consume_exception(future: asyncio.Future[str]) -> None:
-    # Every waiter sees the error; this only stops asyncio reporting it as never retrieved.
-    if not future.cancelled():
-        future.exception()
 
 
 def _segment(value: str) -> str:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.images.sniff import require_image
+from feishu_progress.shared_result import fail_all, shared_future, wait_shared
 
 DEFAULT_IMAGE_CACHE_SIZE = 1024
 DEFAULT_CONCURRENCY = 4
@@ -72,16 +73,15 @@ class ImageUploads:
             if flight is None:
                 return await self._upload_once(digest, data)
             del data  # the leader holds the body; waiting for its key needs no slot and no copy
-        return await asyncio.shield(flight)  # one waiter's cancellation must not cancel the upload
+        return await wait_shared(flight)
 
     async def _upload_once(self, digest: str, data: bytes) -> str:
-        flight: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        flight: asyncio.Future[str] = shared_future()
         self._flights[digest] = flight
         try:
             image_key = await self._client.upload_image(data)
         except BaseException as exc:
-            flight.set_exception(exc if isinstance(exc, Exception) else UploadAbandoned())
-            flight.exception()  # retrieved: nobody waiting is not an "exception never retrieved"
+            fail_all([flight], exc if isinstance(exc, Exception) else UploadAbandoned())
             raise
         finally:
             del self._flights[digest]

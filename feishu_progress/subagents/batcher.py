@@ -15,16 +15,11 @@ from collections.abc import Iterable
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.ports import Clock, SubagentSource
+from feishu_progress.shared_result import fail_all, shared_future, wait_shared
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUERIES_PER_SECOND = 2.0
-
-
-def _consume(future: asyncio.Future[list[SubagentSummary]]) -> None:
-    # A card that stopped waiting (cancelled delivery) must not leave "exception never retrieved" behind.
-    if not future.cancelled():
-        future.exception()
 
 
 class BatchedSubagentSource:
@@ -50,12 +45,10 @@ class BatchedSubagentSource:
     async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
         future = self._pending.get(parent_session_id)
         if future is None:
-            future = asyncio.get_running_loop().create_future()
-            future.add_done_callback(_consume)
-            self._pending[parent_session_id] = future
+            future = self._pending[parent_session_id] = shared_future()
         if self._runner is None or self._runner.done():
             self._runner = self._background.spawn(self._run(), name="subagent-batcher")
-        return await asyncio.shield(future)
+        return await wait_shared(future)
 
     async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
         parents = list(parent_session_ids)
@@ -77,9 +70,7 @@ class BatchedSubagentSource:
         try:
             result = await self._source.list_running_many(batch.keys())
         except Exception as exc:
-            for future in batch.values():
-                if not future.done():
-                    future.set_exception(exc)
+            fail_all(batch.values(), exc)
             return
         for parent, future in batch.items():
             if not future.done():
