@@ -117,6 +117,12 @@ async def test_create_task_sends_the_first_card(
     assert "任务已接收,正在准备执行。" in str(card)
     task = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
     assert task["status"] == "RUNNING"
+    # The click re-attached the evicted task under a new live card: its states must still go out (its
+    # versions once repeated the ones the scheduler had settled, and the revived card stayed stale).
+    deadline = time.monotonic() + 5
+    while "boom" in str(sandbox.state.messages[message_id].card):  # the failed card's error
+        assert time.monotonic() < deadline, "the revived card's state was never delivered"
+        await asyncio.sleep(0.05)
     assert task["message_id"] == message_id
 
 
@@ -225,7 +231,7 @@ async def test_clicks_on_unknown_or_finished_tasks_explain_themselves(client: Te
     assert (await _events(client, session_id, {"type": "content", "text": "late"})).status == 409
 
 
-async def test_retry_revives_a_failed_task(client: TestClient[Any, Any]) -> None:
+async def test_retry_revives_a_failed_task(client: TestClient[Any, Any], sandbox: RunningSandbox) -> None:
     session_id, message_id = await _create(client)
     await _events(client, session_id, {"type": "finished", "status": "FAILED", "error": "boom"})
     assert (

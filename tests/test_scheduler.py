@@ -67,6 +67,21 @@ async def test_a_slow_sink_never_sees_two_patches_of_one_message_in_flight() -> 
         assert records[-1].card["content"] == "step 59"
 
 
+async def test_a_card_re_attached_under_a_new_live_card_is_still_delivered() -> None:
+    """A click on an evicted task (or a retry that revives it) builds a new LiveCard for the message."""
+    async with Harness() as h:
+        first = h.card()
+        finish(first, TaskStatus.FAILED, h.clock, content="boom")
+        await h.clock.advance(0.1)  # the final is delivered; the slot stays until its interval passes
+        again = h.card()  # the task re-attached: a new live card of the same message
+        step(again, 1)  # the retry's notice
+        await h.clock.advance(0.01)
+        step(again, 2)  # the revived task runs again
+        await h.clock.advance(2.0)
+        assert h.sink.of("om_1")[-1].card["content"] == "step 2"
+        assert h.scheduler.pending_message_ids() == []
+
+
 async def test_the_final_state_is_delivered_when_it_lands_mid_flight() -> None:
     async with Harness(delay=0.5) as h:
         card = h.card()

@@ -14,6 +14,7 @@ keeps the last list; the failure is cached like a success, so a broken database 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 BuildCard = Callable[[CardModel], dict[str, Any]]
 SUBAGENT_CACHE_SECONDS = 1.0
+_VERSIONS = itertools.count(1)  # every card version in this process is distinct (see LiveCard)
 
 
 class Notifier(Protocol):
@@ -90,7 +92,10 @@ class LiveCard:
         self._source = subagents
         self._scheduler = scheduler
         self._state = state if state is not None else CardState()
-        self._version = 0
+        # Versions come from one process-wide counter: a card re-attached under a new LiveCard (a click on
+        # an evicted task, a retry that revives one, a takeover) never repeats a version the scheduler
+        # already settled for the message, which made it think the new state was delivered.
+        self._version = next(_VERSIONS)
         self._panel_version = 0  # grows when anything but the answer text changes
         self._changed_at = clock.monotonic()
         self._subagents: tuple[SubagentSummary, ...] = ()
@@ -203,7 +208,7 @@ class LiveCard:
     # -- internals --------------------------------------------------------------------------------
 
     def _touch(self, *, urgent: bool) -> None:
-        self._version += 1
+        self._version = next(_VERSIONS)
         self._changed_at = self._clock.monotonic()
         if self._scheduler is not None:
             self._scheduler.notify(self, urgent=urgent)
