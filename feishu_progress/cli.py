@@ -1,4 +1,4 @@
-"""Command line: ``feishu-progress serve | migrate | demo | sandbox | openapi``."""
+"""Command line: ``feishu-progress serve | migrate | doctor | demo | sandbox | openapi``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ log = logging.getLogger("feishu_progress")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="feishu-progress", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the bot: callbacks + runtime API + admin listener")
     migrate = sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
@@ -24,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--revision", default=None, help="target revision (default: head, or base with --down)"
     )
     migrate.add_argument("--down", action="store_true", help="downgrade to --revision instead")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check configuration, database, Redis, the Feishu app (token, scopes, clock) and callbacks; "
+        "exit 0 only when nothing fails (safe beside a running serve)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     demo = sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
     demo.add_argument(
         "--serve",
@@ -59,6 +66,15 @@ def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     sandbox.add_argument("--app-per-second", type=float, default=50, help="app budget per API and second")
     sandbox.add_argument("--app-per-minute", type=float, default=1000, help="app budget per API and minute")
+    sandbox.add_argument(
+        "--no-cardkit-scope", action="store_true", help="play an app without cardkit:card:write (99991672)"
+    )
+    sandbox.add_argument(
+        "--clock-offset",
+        type=float,
+        default=0.0,
+        help="seconds the answers' Date header runs ahead of this host",
+    )
 
 
 def _sandbox(args: argparse.Namespace) -> int:
@@ -73,8 +89,42 @@ def _sandbox(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         app_per_second=args.app_per_second,
         app_per_minute=args.app_per_minute,
+        cardkit_scope=not args.no_cardkit_scope,
+        clock_offset_seconds=args.clock_offset,
     )
     return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("feishu-progress")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _doctor(as_json: bool) -> int:
+    import os
+
+    from feishu_progress.doctor import checks as found
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        results = [found.fail("config.parsed", _problems(exc), "fix the setting named (see .env.example)")]
+    else:
+        from feishu_progress.doctor import run_doctor
+
+        results = asyncio.run(run_doctor(settings, os.environ))
+    print(found.render_json(results) if as_json else found.render_text(results), flush=True)  # noqa: T201
+    return found.exit_code(results)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"FP_{'__'.join(str(p).upper() for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+    )
 
 
 def _openapi() -> int:
@@ -90,10 +140,7 @@ def _settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"FP_{'__'.join(str(p).upper() for p in error['loc'])}: {error['msg']}" for error in exc.errors()
-        )
-        raise SystemExit(f"feishu-progress: bad configuration: {problems}") from None
+        raise SystemExit(f"feishu-progress: bad configuration: {_problems(exc)}") from None
 
 
 def _serve(settings: Settings) -> int:
@@ -140,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sandbox(args)
     if args.command == "openapi":  # needs no configuration: the contract is the same everywhere
         return _openapi()
+    if args.command == "doctor":  # a bad setting is one of its findings, not a reason to stop
+        configure_logging("ERROR")
+        return _doctor(args.json)
     settings = _settings()
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if args.command == "serve":
