@@ -252,3 +252,14 @@ async def test_mysql_column_types_are_checked_against_the_models(empty_mysql_url
         await db.close()
     columns = _failed(await database_checks(settings))["database.columns"]
     assert "session.title is VARCHAR(20)" in columns.detail and "feishu-progress migrate" in columns.fix
+
+
+async def test_ws_mode_opens_the_long_connection_once(sandbox: RunningSandbox, tmp_path: Path) -> None:
+    await upgrade(_settings(sandbox, tmp_path).database_url)
+    ws = FeishuSettings(base_url=sandbox.base_url, app_id=APP_ID, app_secret=APP_SECRET, mode="ws")
+    checks = await run_doctor(_settings(sandbox, tmp_path, feishu=ws), {})
+    assert _by_name(checks)["callbacks.long_connection"].status is Status.OK, render_text(checks)
+    assert sandbox.gateway.discoveries == 1
+    wrong = FeishuSettings(base_url=sandbox.base_url, app_id=APP_ID, app_secret="typo", mode="ws")
+    checks = await run_doctor(_settings(sandbox, tmp_path, feishu=wrong), {})
+    assert "10014" in _failed(checks)["callbacks.long_connection"].detail
