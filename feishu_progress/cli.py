@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exit 0 only when nothing fails (safe beside a running serve)",
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    _add_smoke_parser(sub)
     demo = sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
     demo.add_argument(
         "--serve",
@@ -43,6 +44,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sandbox_parser(sub)
     return parser
+
+
+def _add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    smoke = sub.add_parser(
+        "smoke",
+        help="five-step live run through a running serve into one chat: a card, streamed text, a subagent "
+        "and a failing tool, a question, your click; each step prints its call, answer and time",
+    )
+    smoke.add_argument("--chat", required=True, help="chat_id (oc_...) of a chat the bot is in")
+    smoke.add_argument(
+        "--requester", default="ou_smoke", help="open_id (ou_...) of the person who may click (you)"
+    )
+    smoke.add_argument(
+        "--url", default=None, help="the service's base URL (default: FP_PUBLIC_URL, else local)"
+    )
+    smoke.add_argument("--wait-minutes", type=float, default=5.0, help="how long to wait for your click")
+    smoke.add_argument(
+        "--auto-answer", action="store_true", help="click as Feishu would (sandbox, CI): no human needed"
+    )
+
+
+def _smoke(settings: Settings, args: argparse.Namespace) -> int:
+    from feishu_progress.smoke import SmokeOptions, default_base_url, run_smoke
+
+    options = SmokeOptions(
+        chat_id=args.chat,
+        requester_open_id=args.requester,
+        base_url=(args.url or default_base_url(settings)).rstrip("/"),
+        wait_minutes=args.wait_minutes,
+        auto_answer=args.auto_answer,
+    )
+    return asyncio.run(run_smoke(settings, options, lambda line: print(line, flush=True)))  # noqa: T201
 
 
 def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -196,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(settings)
     if args.command == "migrate":
         return _migrate(settings, args.revision, args.down)
+    if args.command == "smoke":
+        return _smoke(settings, args)
     logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
     from feishu_progress.demo import main as demo_main
 
