@@ -118,7 +118,10 @@ def _skew_check(label: str, answer: Answer, fail_seconds: float) -> Check:
         skew = parsedate_to_datetime(sent).timestamp() - time.time()
     except (TypeError, ValueError):
         return warn(name, f"unreadable Date header {sent!r}: clock skew not measured")
-    text = f"this host's clock is {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} Feishu's"
+    side = "behind" if skew > 0 else "ahead of"
+    text = (
+        f"this host's clock is {abs(skew):.0f} s {side} Feishu's" if round(skew) else "in step with Feishu's"
+    )
     if abs(skew) > fail_seconds:
         return fail(
             name,
@@ -146,7 +149,8 @@ async def _image_scope(label: str, probe: Probe, token: str) -> Check:
 
 
 async def _cardkit_scope(label: str, probe: Probe, token: str, needed: bool) -> Check:
-    card = {"schema": "2.0", "body": {"elements": []}}
+    # The smallest valid card (Feishu refuses one without elements); it is never sent, it only expires.
+    card = {"schema": "2.0", "body": {"elements": [{"tag": "markdown", "content": "feishu-progress doctor"}]}}
     body = {"type": "card_json", "data": json.dumps(card)}
     answer = await probe.call("POST", CARDS_PATH, token=token, body=body)
     return _scope_verdict(f"{label}.scope.cardkit:card:write", "cardkit:card:write", answer, needed)
