@@ -4,10 +4,13 @@ it is no dependency of ours); it cannot tell whether Compose or Kubernetes would
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from feishu_progress.config import setting_names
 
 yaml = pytest.importorskip("yaml")
 
@@ -60,3 +63,11 @@ def test_the_cluster_deployment_has_two_replicas_named_by_their_pods_and_a_disru
     assert deployment["metadata"]["name"] == single["metadata"]["name"]
     assert labels == single["spec"]["template"]["metadata"]["labels"]
     assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_env_example_lists_every_setting() -> None:
+    """deploy/.env.example claims every FP_ setting: a new setting without a line there fails here."""
+    text = (DEPLOY / ".env.example").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^#? ?(FP_[A-Z0-9_]+)=", text, re.MULTILINE))
+    assert sorted(set(setting_names()) - listed) == []
+    assert sorted(listed - set(setting_names())) == []  # and nothing it lists is a typo
