@@ -185,6 +185,7 @@ def _serve(settings: Settings) -> int:
     problems = settings.serving_problems()
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
         raise SystemExit("feishu-progress: will not serve: " + "; ".join(problems))
+    _refuse_unready_database(settings)
     app = create_app(settings)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     web.run_app(
@@ -196,6 +197,26 @@ def _serve(settings: Settings) -> int:
         shutdown_timeout=30.0,
     )
     return 0
+
+
+def _refuse_unready_database(settings: Settings) -> None:
+    """MySQL down or behind the migrations: one line naming the setting and the fix, not a traceback.
+
+    SQLite migrates itself at start, so only the server databases are asked here.
+    """
+    import os
+
+    from feishu_progress.config import unknown_variables
+    from feishu_progress.doctor.checks import Status
+    from feishu_progress.doctor.local import database_checks
+
+    for name in unknown_variables(os.environ):
+        log.warning("%s is not a setting and is ignored (groups take two underscores: FP_API__TOKEN)", name)
+    if not settings.database_url.startswith(("mysql", "mariadb")):
+        return
+    for check in asyncio.run(database_checks(settings)):
+        if check.status is Status.FAIL:
+            raise SystemExit(f"feishu-progress: will not serve: {check.detail}: {check.fix}")
 
 
 def _migrate(settings: Settings, revision: str | None, down: bool) -> int:

@@ -263,3 +263,15 @@ async def test_ws_mode_opens_the_long_connection_once(sandbox: RunningSandbox, t
     wrong = FeishuSettings(base_url=sandbox.base_url, app_id=APP_ID, app_secret="typo", mode="ws")
     checks = await run_doctor(_settings(sandbox, tmp_path, feishu=wrong), {})
     assert "10014" in _failed(checks)["callbacks.long_connection"].detail
+
+
+@pytest.mark.mysql
+def test_serve_refuses_an_unmigrated_mysql_in_one_line(empty_mysql_url: str, tmp_path: Path) -> None:
+    from feishu_progress.cli import _refuse_unready_database
+
+    with pytest.raises(SystemExit) as refused:
+        _refuse_unready_database(Settings(database_url=empty_mysql_url))
+    assert "schema at nothing" in str(refused.value) and "run feishu-progress migrate" in str(refused.value)
+    _refuse_unready_database(
+        Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    )  # migrates itself
