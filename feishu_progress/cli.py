@@ -1,4 +1,4 @@
-"""Command line: ``feishu-progress serve | migrate | demo | sandbox | openapi``."""
+"""Command line: ``feishu-progress serve | migrate | doctor | demo | sandbox | openapi``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ log = logging.getLogger("feishu_progress")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="feishu-progress", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the bot: callbacks + runtime API + admin listener")
     migrate = sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
@@ -24,6 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--revision", default=None, help="target revision (default: head, or base with --down)"
     )
     migrate.add_argument("--down", action="store_true", help="downgrade to --revision instead")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check configuration, database, Redis, the Feishu app (token, scopes, clock) and callbacks; "
+        "exit 0 only when nothing fails (safe beside a running serve)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    _add_smoke_parser(sub)
     demo = sub.add_parser("demo", help="play a scripted task against the embedded sandbox and show the card")
     demo.add_argument(
         "--serve",
@@ -36,6 +44,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sandbox_parser(sub)
     return parser
+
+
+def _add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    smoke = sub.add_parser(
+        "smoke",
+        help="five-step live run through a running serve into one chat: a card, streamed text, a subagent "
+        "and a failing tool, a question, your click; each step prints its call, answer and time",
+    )
+    smoke.add_argument("--chat", required=True, help="chat_id (oc_...) of a chat the bot is in")
+    smoke.add_argument(
+        "--requester", default="ou_smoke", help="open_id (ou_...) of the person who may click (you)"
+    )
+    smoke.add_argument(
+        "--url", default=None, help="the service's base URL (default: FP_PUBLIC_URL, else local)"
+    )
+    smoke.add_argument("--wait-minutes", type=float, default=5.0, help="how long to wait for your click")
+    smoke.add_argument(
+        "--auto-answer", action="store_true", help="click as Feishu would (sandbox, CI): no human needed"
+    )
+
+
+def _smoke(settings: Settings, args: argparse.Namespace) -> int:
+    from feishu_progress.smoke import SmokeOptions, default_base_url, run_smoke
+
+    options = SmokeOptions(
+        chat_id=args.chat,
+        requester_open_id=args.requester,
+        base_url=(args.url or default_base_url(settings)).rstrip("/"),
+        wait_minutes=args.wait_minutes,
+        auto_answer=args.auto_answer,
+    )
+    return asyncio.run(run_smoke(settings, options, lambda line: print(line, flush=True)))  # noqa: T201
 
 
 def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,6 +99,15 @@ def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     sandbox.add_argument("--app-per-second", type=float, default=50, help="app budget per API and second")
     sandbox.add_argument("--app-per-minute", type=float, default=1000, help="app budget per API and minute")
+    sandbox.add_argument(
+        "--no-cardkit-scope", action="store_true", help="play an app without cardkit:card:write (99991672)"
+    )
+    sandbox.add_argument(
+        "--clock-offset",
+        type=float,
+        default=0.0,
+        help="seconds the answers' Date header runs ahead of this host",
+    )
 
 
 def _sandbox(args: argparse.Namespace) -> int:
@@ -73,8 +122,42 @@ def _sandbox(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         app_per_second=args.app_per_second,
         app_per_minute=args.app_per_minute,
+        cardkit_scope=not args.no_cardkit_scope,
+        clock_offset_seconds=args.clock_offset,
     )
     return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("feishu-progress")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _doctor(as_json: bool) -> int:
+    import os
+
+    from feishu_progress.doctor import checks as found
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        results = [found.fail("config.parsed", _problems(exc), "fix the setting named (see .env.example)")]
+    else:
+        from feishu_progress.doctor import run_doctor
+
+        results = asyncio.run(run_doctor(settings, os.environ))
+    print(found.render_json(results) if as_json else found.render_text(results), flush=True)  # noqa: T201
+    return found.exit_code(results)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"FP_{'__'.join(str(p).upper() for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+    )
 
 
 def _openapi() -> int:
@@ -90,10 +173,7 @@ def _settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"FP_{'__'.join(str(p).upper() for p in error['loc'])}: {error['msg']}" for error in exc.errors()
-        )
-        raise SystemExit(f"feishu-progress: bad configuration: {problems}") from None
+        raise SystemExit(f"feishu-progress: bad configuration: {_problems(exc)}") from None
 
 
 def _serve(settings: Settings) -> int:
@@ -105,6 +185,7 @@ def _serve(settings: Settings) -> int:
     problems = settings.serving_problems()
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
         raise SystemExit("feishu-progress: will not serve: " + "; ".join(problems))
+    _refuse_unready_database(settings)
     app = create_app(settings)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     web.run_app(
@@ -116,6 +197,26 @@ def _serve(settings: Settings) -> int:
         shutdown_timeout=30.0,
     )
     return 0
+
+
+def _refuse_unready_database(settings: Settings) -> None:
+    """MySQL down or behind the migrations: one line naming the setting and the fix, not a traceback.
+
+    SQLite migrates itself at start, so only the server databases are asked here.
+    """
+    import os
+
+    from feishu_progress.config import unknown_variables
+    from feishu_progress.doctor.checks import Status
+    from feishu_progress.doctor.local import database_checks
+
+    for name in unknown_variables(os.environ):
+        log.warning("%s is not a setting and is ignored (groups take two underscores: FP_API__TOKEN)", name)
+    if not settings.database_url.startswith(("mysql", "mariadb")):
+        return
+    for check in asyncio.run(database_checks(settings)):
+        if check.status is Status.FAIL:
+            raise SystemExit(f"feishu-progress: will not serve: {check.detail}: {check.fix}")
 
 
 def _migrate(settings: Settings, revision: str | None, down: bool) -> int:
@@ -140,12 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sandbox(args)
     if args.command == "openapi":  # needs no configuration: the contract is the same everywhere
         return _openapi()
+    if args.command == "doctor":  # a bad setting is one of its findings, not a reason to stop
+        configure_logging("ERROR")
+        return _doctor(args.json)
     settings = _settings()
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if args.command == "serve":
         return _serve(settings)
     if args.command == "migrate":
         return _migrate(settings, args.revision, args.down)
+    if args.command == "smoke":
+        return _smoke(settings, args)
     logging.getLogger().setLevel(logging.WARNING)  # the demo's own output is the story
     from feishu_progress.demo import main as demo_main
 

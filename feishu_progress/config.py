@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -255,10 +256,21 @@ class Settings(BaseSettings):
     images: ImagesSettings = ImagesSettings()
     subagents: SubagentsSettings = SubagentsSettings()
     redis_url: str | None = None  # FP_REDIS_URL: cluster mode
+    # FP_PUBLIC_URL: where Feishu reaches this service (the console callback URL: this + /feishu/callback).
+    public_url: str | None = None
     instance_id: str = Field(default_factory=default_instance_id, min_length=1, max_length=64)
     cluster: ClusterSettings = ClusterSettings()
     log_json: bool = False
     log_level: str = "INFO"
+
+    _blank_public = field_validator("public_url", mode="before")(_blank_is_unset)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("FP_PUBLIC_URL must be an http(s) URL, e.g. https://bot.example.com")
+        return value.rstrip("/") if value else None
 
     @property
     def bind_host(self) -> str:
@@ -293,3 +305,30 @@ class Settings(BaseSettings):
                 "callbacks; best) or at least FP_FEISHU__VERIFICATION_TOKEN, or use FP_FEISHU__MODE=ws"
             )
         return problems
+
+
+TEST_PREFIX = "FP_TEST_"  # the test suite's own variables (tests/conftest.py), not settings
+
+
+def setting_names() -> list[str]:
+    """Every FP_* variable the settings read (nested groups joined with ``__``)."""
+    names: list[str] = []
+    for name, info in Settings.model_fields.items():
+        group = info.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            names.extend(f"FP_{name.upper()}__{sub.upper()}" for sub in group.model_fields)
+        else:
+            names.append(f"FP_{name.upper()}")
+    return names
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """FP_* variables in ``environ`` that no setting reads (a typo is otherwise silently ignored)."""
+    known = set(setting_names())
+    return sorted(
+        name
+        for name in environ
+        if name.upper().startswith("FP_")
+        and not name.upper().startswith(TEST_PREFIX)
+        and name.upper() not in known
+    )

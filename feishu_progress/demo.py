@@ -393,7 +393,7 @@ async def _answered_round(run: DemoRun, image_path: Path) -> str:
 
 async def _cancel_clicked(run: DemoRun, image_path: Path) -> str:
     run.out(f"   alice clicks 取消任务 → {await run.click(REQUESTER, click_value('cancel', run.session_id))}")
-    return "cancel clicked: the card says it is cancelling"
+    return "cancel clicked: the toast says 正在取消任务; the card shows 正在取消… with its next write (~1 s)"
 
 
 async def _stopped(run: DemoRun, image_path: Path) -> str:

@@ -4,10 +4,13 @@ it is no dependency of ours); it cannot tell whether Compose or Kubernetes would
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from feishu_progress.config import setting_names
 
 yaml = pytest.importorskip("yaml")
 
@@ -50,7 +53,7 @@ def test_the_cluster_deployment_has_two_replicas_named_by_their_pods_and_a_disru
     spec = deployment["spec"]
     assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     (container,) = spec["template"]["spec"]["containers"]
-    env = {item["name"]: item["valueFrom"] for item in container["env"]}
+    env = {item["name"]: item.get("valueFrom", item.get("value")) for item in container["env"]}
     assert env["FP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["FP_REDIS_URL"]["secretKeyRef"] == {"name": "feishu-progress", "key": "FP_REDIS_URL"}
     assert pdb["kind"] == "PodDisruptionBudget" and pdb["spec"]["minAvailable"] == 1
@@ -60,3 +63,23 @@ def test_the_cluster_deployment_has_two_replicas_named_by_their_pods_and_a_disru
     assert deployment["metadata"]["name"] == single["metadata"]["name"]
     assert labels == single["spec"]["template"]["metadata"]["labels"]
     assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_env_example_lists_every_setting() -> None:
+    """deploy/.env.example claims every FP_ setting: a new setting without a line there fails here."""
+    text = (DEPLOY / ".env.example").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^#? ?(FP_[A-Z0-9_]+)=", text, re.MULTILINE))
+    assert sorted(set(setting_names()) - listed) == []
+    assert sorted(listed - set(setting_names())) == []  # and nothing it lists is a typo
+
+
+def test_the_cluster_pods_advertise_their_ip_on_the_public_port() -> None:
+    """Forwarding needs an address peers resolve: the pod IP (defined before it is referenced)."""
+    (deployment,) = documents(DEPLOY / "k8s" / "cluster" / "deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    names = [item["name"] for item in container["env"]]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert names.index("POD_IP") < names.index("FP_CLUSTER__ADVERTISE_URL")
+    (http,) = [port for port in container["ports"] if port["name"] == "http"]
+    assert env["FP_CLUSTER__ADVERTISE_URL"]["value"] == f"http://$(POD_IP):{http['containerPort']}"

@@ -30,6 +30,8 @@ class SandboxOptions:
     # The app budget per API (Feishu: 50/s, 1000/min). Lower, a test can outrun it with a few cards.
     app_per_second: float = 50
     app_per_minute: float = 1000
+    cardkit_scope: bool = True  # False: the app lacks cardkit:card:write (every CardKit call: 99991672)
+    clock_offset_seconds: float = 0.0  # answers' Date header runs this far ahead (negative: behind)
 
     def config(self) -> SandboxConfig:
         return SandboxConfig(
@@ -38,6 +40,8 @@ class SandboxOptions:
             time_scale=self.time_scale,
             app_per_second=self.app_per_second,
             app_per_minute=self.app_per_minute,
+            cardkit_scope=self.cardkit_scope,
+            clock_offset_seconds=self.clock_offset_seconds,
         )
 
 

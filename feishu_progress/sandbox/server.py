@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +42,7 @@ def create_sandbox_app(
     ws_client_config: ClientConfig | None = None,
 ) -> web.Application:
     """An aiohttp application emulating the Feishu Open API calls the service makes."""
-    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_lose_answers])
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_lose_answers, _dated])
     app[STATE_KEY] = SandboxState(config, clock)
     gateway = WsGateway(config.app_id, config.app_secret, ws_client_config)
     app[GATEWAY_KEY] = gateway
@@ -346,6 +347,16 @@ async def _lose_answers(request: web.Request, handler: Handler) -> web.StreamRes
     if status is None:
         return response
     return _failure(request.app[STATE_KEY], status)
+
+
+@web.middleware
+async def _dated(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer carries a ``Date`` header on the sandbox's wall clock (config.clock_offset_seconds)."""
+    response = await handler(request)
+    offset = request.app[STATE_KEY].config.clock_offset_seconds
+    if offset and not response.prepared:
+        response.headers["Date"] = formatdate(time.time() + offset, usegmt=True)
+    return response
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -99,6 +99,8 @@ class SandboxConfig:
     cardkit_per_card_qps: float = 10
     card_entity_days: float = 14
     max_stream_chars: int = 100_000
+    # Added to the wall clock in every answer's Date header: a host whose clock is off (doctor's skew check).
+    clock_offset_seconds: float = 0.0
 
     def unlimited(self) -> SandboxConfig:
         """The same config with every rate limit lifted (for benchmarks)."""

@@ -1,0 +1,131 @@
+"""Can Feishu reach the service? Webhook mode: a URL-verification challenge posted to FP_PUBLIC_URL;
+long-connection mode: one connection opened (endpoint discovery, then the websocket) and closed.
+
+The challenge is built as Feishu builds it (encrypted and signed when an Encrypt Key is set), so an
+answer proves the keys match too. It is sent from this host, not from Feishu's network: a URL that
+only resolves inside your network passes here and still fails for Feishu.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import aiohttp
+
+from feishu_progress.config import Settings
+from feishu_progress.doctor.checks import Check, fail, ok, warn
+from feishu_progress.doctor.meanings import CREDENTIALS_FIX, meaning
+from feishu_progress.sandbox.clicks import signed_request
+from feishu_progress.web.callbacks import CALLBACK_PATH
+
+FEISHU_DEADLINE_MS = 1000.0  # Feishu wants the challenge answered within 1 s
+WS_ENDPOINT_PATH = "/callback/ws/endpoint"
+NAME = "callbacks"
+CONSOLE_PAGE = (
+    "developer console → your app → 事件与回调 (Events & Callbacks) → 回调配置 (Callback Configuration)"
+)
+
+
+async def callback_checks(settings: Settings) -> list[Check]:
+    if settings.feishu.sandbox:
+        return []
+    if settings.feishu.mode == "ws":
+        return [await _long_connection(settings)]
+    if settings.public_url is None:
+        return [
+            warn(
+                f"{NAME}.webhook",
+                "FP_PUBLIC_URL is not set: cannot check that Feishu reaches the callback endpoint",
+                "set FP_PUBLIC_URL to the https URL at which Feishu reaches this service (its "
+                f"{CALLBACK_PATH} goes into the {CONSOLE_PAGE} 请求地址)",
+            )
+        ]
+    return [await _challenge(settings, settings.public_url + CALLBACK_PATH)]
+
+
+async def _challenge(settings: Settings, url: str) -> Check:
+    name = f"{NAME}.webhook"
+    challenge = secrets.token_hex(8)
+    token = settings.feishu.verification_token
+    payload = {
+        "challenge": challenge,
+        "type": "url_verification",
+        "token": token.get_secret_value() if token else "",
+    }
+    key = settings.feishu.encrypt_key
+    body, headers = signed_request(
+        payload, encrypt_key=key.get_secret_value() if key else None, now=time.time()
+    )
+    started = time.perf_counter()
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.post(url, data=body, headers=headers) as response,
+        ):
+            status, raw = response.status, await response.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return fail(
+            name,
+            f"{url} is not reachable: {type(exc).__name__}: {exc}",
+            "start feishu-progress serve, and make FP_PUBLIC_URL reach its FP_HTTP__PORT (DNS, reverse "
+            f"proxy, firewall, TLS); the {CONSOLE_PAGE} 请求地址 must be {url}",
+        )
+    elapsed = (time.perf_counter() - started) * 1000
+    return _challenge_verdict(name, url, (status, raw), challenge, elapsed)
+
+
+def _challenge_verdict(
+    name: str, url: str, answer: tuple[int, bytes], challenge: str, elapsed: float
+) -> Check:
+    status, raw = answer
+    if status == 401:
+        return fail(
+            name,
+            f"{url} refused the challenge (401): the serving process has other callback keys",
+            "give serve and doctor the same FP_FEISHU__ENCRYPT_KEY and FP_FEISHU__VERIFICATION_TOKEN as "
+            f"the {CONSOLE_PAGE} (Encrypt Key, Verification Token)",
+        )
+    try:
+        answered = json.loads(raw).get("challenge") if status == 200 else None
+    except (ValueError, AttributeError):
+        answered = None
+    if answered != challenge:
+        return fail(
+            name,
+            f"{url} answered HTTP {status} without the challenge: something else serves this URL",
+            f"route {CALLBACK_PATH} on FP_PUBLIC_URL to feishu-progress serve (FP_HTTP__PORT)",
+        )
+    if elapsed > FEISHU_DEADLINE_MS:
+        return warn(name, f"{url} answered the challenge in {elapsed:.0f} ms; Feishu gives up after 1 s")
+    return ok(name, f"{url} answered the challenge in {elapsed:.0f} ms")
+
+
+async def _long_connection(settings: Settings) -> Check:
+    name = f"{NAME}.long_connection"
+    app = settings.feishu
+    secret = app.app_secret.get_secret_value() if app.app_secret else ""
+    url = app.base_url + WS_ENDPOINT_PATH
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=app.timeout_seconds)) as session:
+            async with session.post(url, json={"AppID": app.app_id, "AppSecret": secret}) as response:
+                answer = await response.json(content_type=None)
+            code = answer.get("code") if isinstance(answer, dict) else None
+            if code != 0:
+                msg = str(answer.get("msg", "")) if isinstance(answer, dict) else ""
+                return fail(
+                    name,
+                    f"endpoint discovery refused: {meaning(code, msg)}",
+                    CREDENTIALS_FIX + "; "
+                    f"and in the {CONSOLE_PAGE} choose 使用长连接接收回调 (long connection)",
+                )
+            async with session.ws_connect(str(answer["data"]["URL"])) as ws:
+                await ws.close()
+    except (TimeoutError, aiohttp.ClientError, KeyError, TypeError, ValueError) as exc:
+        return fail(
+            name,
+            f"long connection not opened: {type(exc).__name__}: {exc}",
+            "check FP_FEISHU__BASE_URL and that this host may open outbound websockets (wss, 443)",
+        )
+    return ok(name, "long connection opened and closed again")

@@ -1,0 +1,80 @@
+"""``feishu-progress smoke`` through a real service (in-process) against the sandbox, as CI runs it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from feishu_progress.app import create_app
+from feishu_progress.config import ApiSettings, Settings
+from feishu_progress.db.migrate import upgrade
+from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
+from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.smoke import SmokeOptions, run_smoke
+from feishu_progress.web.http import serving
+from tests.test_doctor import APP_ID, APP_SECRET, _settings
+
+CHAT, REQUESTER = "oc_smoke", "ou_operator"
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[RunningSandbox]:
+    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
+        yield running
+
+
+@pytest.fixture
+async def served(sandbox: RunningSandbox, tmp_path: Path) -> AsyncIterator[tuple[Settings, str]]:
+    settings = _settings(sandbox, tmp_path)
+    await upgrade(settings.database_url)
+    async with serving(create_app(settings, registry=CollectorRegistry())) as url:
+        yield settings, url
+
+
+async def test_auto_answer_runs_every_step_and_leaves_a_finished_card(
+    sandbox: RunningSandbox, served: tuple[Settings, str]
+) -> None:
+    settings, url = served
+    lines: list[str] = []
+    options = SmokeOptions(chat_id=CHAT, requester_open_id=REQUESTER, base_url=url, auto_answer=True)
+    assert await run_smoke(settings, options, lines.append) == 0, "\n".join(lines)
+    text = "\n".join(lines)
+    for step in (
+        "1. send a card",
+        "2. stream text",
+        "3. a subagent",
+        "4. streaming off",
+        "5. wait",
+        "6. finish",
+    ):
+        assert step in text, text
+    assert "the click arrived: cancel" in text and lines[-1] == "smoke: passed"
+    (message,) = sandbox.state.messages.values()
+    assert message.chat_id == CHAT
+    assert "冒烟测试完成" in str(message.card)  # the final card reached the chat
+    assert message.card_id is not None  # the text streamed through CardKit
+
+
+async def test_a_refusal_is_printed_with_its_fix(
+    sandbox: RunningSandbox, served: tuple[Settings, str]
+) -> None:
+    settings, url = served
+    wrong = settings.model_copy(update={"api": ApiSettings(token="not-the-token")})
+    lines: list[str] = []
+    options = SmokeOptions(chat_id=CHAT, requester_open_id=REQUESTER, base_url=url, auto_answer=True)
+    assert await run_smoke(wrong, options, lines.append) == 1
+    assert "1. send a card" in lines[0] and "FAILED" in lines[0] and "401" in lines[0]
+    assert lines[-1] == "smoke: FAILED"
+
+
+async def test_no_click_in_time_fails_the_wait_step(served: tuple[Settings, str]) -> None:
+    settings, url = served
+    lines: list[str] = []
+    options = SmokeOptions(chat_id=CHAT, requester_open_id=REQUESTER, base_url=url, wait_minutes=0.02)
+    assert await run_smoke(settings, options, lines.append) == 1
+    text = "\n".join(lines)
+    assert "取消任务" in text  # it said what to click
+    assert "5. wait for a click or an answer" in text and "no click within" in text
