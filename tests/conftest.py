@@ -30,8 +30,42 @@ MYSQL_CONNECT_TIMEOUT_SECONDS = 3
 
 
 def mysql_test_url() -> str:
-    """The MySQL URL the data-layer tests use."""
-    return os.environ.get("FP_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+    """The MySQL URL the data-layer tests use: under pytest-xdist, a database of this worker's own.
+
+    ``pytest -n 2`` runs two workers at once; each gets ``<test database>_<worker>`` (``test_gw0``), so
+    neither drops or empties the tables the other is using. Databases derived from it
+    (``fresh_mysql_database``) carry the worker's name too.
+    """
+    base = os.environ.get("FP_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return base
+    url = make_url(base)
+    return url.set(database=f"{url.database or 'test'}_{worker}").render_as_string(hide_password=False)
+
+
+async def _create_database(url: str, *, fresh: bool) -> None:
+    """Create the database ``url`` names on its server (dropped first when ``fresh``)."""
+    import aiomysql
+
+    parsed = make_url(url)
+    conn = await aiomysql.connect(
+        host=parsed.host,
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # MariaDB's "database does not exist" note on a first run
+            async with conn.cursor() as cursor:
+                if fresh:
+                    await cursor.execute(f"DROP DATABASE IF EXISTS `{parsed.database}`")
+                await cursor.execute(
+                    f"CREATE DATABASE IF NOT EXISTS `{parsed.database}` CHARACTER SET utf8mb4"
+                )
+    finally:
+        await conn.ensure_closed()
 
 
 def sqlite_url(path: Path) -> str:
@@ -53,39 +87,29 @@ async def _mysql_problem(url: str) -> str | None:
     return None
 
 
-def fresh_mysql_database(suffix: str) -> str:
-    """URL of an empty database ``<test database>_<suffix>`` on the test server, dropped and recreated.
-
-    Derived from FP_TEST_MYSQL_URL, so two test runs pointed at different databases never share one.
-    Skips without a server (fails under CI=true).
-    """
-    base = mysql_test_url()
+def _require_mysql_server() -> None:
+    """Skip (fail under CI=true) when FP_TEST_MYSQL_URL's server and database do not answer."""
+    base = os.environ.get("FP_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
     problem = asyncio.run(_mysql_problem(base))
     if problem is not None:
         message = f"MySQL at FP_TEST_MYSQL_URL={base} is unreachable ({problem})"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message + "; CI=true requires it", pytrace=False)
         pytest.skip(message)
-    url = make_url(base)
+
+
+def fresh_mysql_database(suffix: str) -> str:
+    """URL of an empty database ``<test database>_<suffix>`` on the test server, dropped and recreated.
+
+    Derived from FP_TEST_MYSQL_URL, so two test runs pointed at different databases never share one.
+    Skips without a server (fails under CI=true).
+    """
+    _require_mysql_server()
+    url = make_url(mysql_test_url())
     name = f"{url.database or 'test'}_{suffix}"
-
-    async def create() -> None:
-        import aiomysql
-
-        conn = await aiomysql.connect(
-            host=url.host, port=url.port or 3306, user=url.username or "root", password=url.password or ""
-        )
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # MariaDB's "database does not exist" note on a first run
-                async with conn.cursor() as cursor:
-                    await cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
-                    await cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-        finally:
-            await conn.ensure_closed()
-
-    asyncio.run(create())
-    return url.set(database=name).render_as_string(hide_password=False)
+    fresh = url.set(database=name).render_as_string(hide_password=False)
+    asyncio.run(_create_database(fresh, fresh=True))
+    return fresh
 
 
 async def _drop_everything(url: str) -> None:
@@ -111,13 +135,9 @@ async def _fresh_mysql_schema(url: str) -> None:
 @pytest.fixture(scope="session")
 def mysql_url() -> str:
     """A migrated MySQL database URL; skips (fails under CI=true) when no server answers."""
+    _require_mysql_server()
     url = mysql_test_url()
-    problem = asyncio.run(_mysql_problem(url))
-    if problem is not None:
-        message = f"MySQL at FP_TEST_MYSQL_URL={url} is unreachable ({problem})"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + "; CI=true requires it", pytrace=False)
-        pytest.skip(message)
+    asyncio.run(_create_database(url, fresh=False))  # a worker's own database may not exist yet
     asyncio.run(_fresh_mysql_schema(url))
     return url
 
