@@ -148,9 +148,8 @@ def seed_example() -> CardModel:
     )
 
 
-def test_seed_example_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
-    line = ToolLine("c1", "wait_subagents", "wait_subagents:等待后台子代理(执行中)", LineState.RUNNING)
-    fixed_lines(monkeypatch, wait_subagents=line)
+def test_seed_example_matches_golden() -> None:
+    """The worked example of §4.2.3 through the real tool line (no literal text in the golden path)."""
     card = build_progress_card(seed_example())
     path = GOLDEN / "seed_002_running_subagents.json"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -160,7 +159,8 @@ def test_seed_example_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     assert texts[0] == "状态:正在处理 · 第 121 轮 · 已用时 3 分 12 秒"
     assert SEED_SUBAGENT_SECTION in texts
     assert texts.index(SEED_SUBAGENT_SECTION) == texts.index(seed_example().content) + 1
-    assert texts[texts.index(SEED_SUBAGENT_SECTION) + 1].startswith("**本轮工具**\n- wait&#95;subagents")
+    # The tool line is ours (the seed's ``wait_subagents:…`` is its own formatter): verb plus 执行中.
+    assert texts[texts.index(SEED_SUBAGENT_SECTION) + 1] == "**本轮工具**\n- 等待后台子代理 (执行中)"
     assert_valid(card)
 
 
@@ -212,9 +212,22 @@ def test_title_is_cleaned_of_breaks_specials_and_length() -> None:
     line = text.split("\n")[1]
     title = line.removeprefix("- 调研 · ")
     assert "\n" not in title
-    assert not set("*_~`[]<>|\\") & set(title)
-    assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at ")
-    assert len(title) == 43 and title.endswith("长...")  # seed 002 cleanTitle: 40 + "..."
+    assert not set("*_~`[]<>|") & set(title)
+    assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at &#92;")
+    assert len(title.replace("&#92;", "\\")) == 43 and title.endswith("长...")  # cleanTitle: 40 + "..."
+
+
+def test_backslash_in_a_title_is_kept_and_shown_as_typed() -> None:
+    """Seed 002 §4.2.3: the sanitiser's set is ``*_~`[]<>|``; a backslash stays (as an entity)."""
+    text = subagent_text(build_progress_card(model(subagents=(subagent(1, "worker", "back\\slash"),))))
+    assert text is not None and text.split("\n")[1] == "- 开发 · back&#92;slash"
+
+
+def test_subagent_section_is_left_aligned_normal_v2() -> None:
+    """Seed 002 §4.2.2: the section's markdown carries text_align left and text_size normal_v2."""
+    card = build_progress_card(seed_example())
+    [element] = [e for e in card["body"]["elements"] if e.get("content", "").startswith("**子代理")]
+    assert element["text_align"] == "left" and element["text_size"] == "normal_v2"
 
 
 def test_manager_cut_title_is_not_cut_again() -> None:
@@ -237,7 +250,8 @@ def test_manager_cut_title_is_not_cut_again() -> None:
         ("x*y", "x&#42;y"),
         ("a\nb  c", "a b c"),
         ("<at id=all></at>", "&#60;at id=all&#62;&#60;/at&#62;"),
-        ("t" * 50, "t" * 40 + "..."),
+        # §4.2.1: an unknown type is shown raw, not cut like a title (the column holds 64).
+        ("t" * 64, "t" * 64),
     ],
 )
 def test_type_labels(agent_type: str | None, label: str) -> None:

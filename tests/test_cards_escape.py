@@ -49,7 +49,9 @@ def test_escape_markdown_keeps_markdown_and_limits_tables() -> None:
 
 def test_plain_text_and_title_sanitising() -> None:
     assert plain_text("a\n<at id=all>") == "a ＜at id=all>"
-    assert sanitize_inline_title("  a\n*b*  [c] <d> | e\\ ") == "a b c d e"
+    assert sanitize_inline_title("  a\n*b*  [c] <d> | e ") == "a b c d e"
+    # Seed 002 §4.2.3: only its own set is replaced; a backslash is not in it.
+    assert sanitize_inline_title("back\\slash") == "back\\slash"
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ _TABLE_DELIMITER = re.compile(
     r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$|^[ \t]*\|[ \t]*:?-+:?[ \t]*\|?[ \t]*$"
 )
 _TAG_OPEN = re.compile(r"<(?=\s*/?\s*[A-Za-z!?])")
-_TITLE_SPECIALS = re.compile(r"[*_~`\[\]<>|\\]")
+_TITLE_SPECIALS = re.compile(r"[*_~`\[\]<>|]")
 
 
 def plain_text(text: str) -> str:
@@ -94,7 +94,7 @@ def escape_block(text: str) -> str:
 
 
 def sanitize_inline_title(text: str) -> str:
-    """Seed 002 sanitizeInlineTitle: control chars and ``* _ ~ ` [ ] < > | \\`` become spaces."""
+    """Seed 002 sanitizeInlineTitle: control chars and exactly ``* _ ~ ` [ ] < > |`` become spaces."""
     return one_line(_TITLE_SPECIALS.sub(" ", text))
 
 
