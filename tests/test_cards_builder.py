@@ -15,6 +15,8 @@ import pytest
 
 from feishu_progress.cards import sections
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.size import LEVELS
+from feishu_progress.cards.text import Langs
 from feishu_progress.cards.validate import (
     card_bytes,
     card_problems,
@@ -22,6 +24,7 @@ from feishu_progress.cards.validate import (
     nesting_depth,
     tagged_objects,
 )
+from feishu_progress.cards.view_panels import image_grid
 from feishu_progress.domain import (
     AskOption,
     AskQuestion,
@@ -556,11 +559,31 @@ def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch:
     grid = next(node for node in tagged(panel_of(card)) if node["tag"] in ("img", "img_combination"))
     assert grid == {"tag": "img", "img_key": "img_0"}
     notes = panel_of(card)["elements"][-1]["content"].split("\n")
-    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达"]
-    # Issue 15 item 1: which paths exist on the host is nobody's business in the chat.
+    # Seed 000 D5's path text becomes the file's name: the directory is nobody's business in the chat.
+    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达 · 1.png"]
     shown = json.dumps(card, ensure_ascii=False)
     assert "/p/1.png" not in shown and "/u/1.png" not in shown
     assert_valid(card)
+
+
+@pytest.mark.parametrize(
+    ("path", "url", "name"),
+    [
+        ("/secret/dir/cat.png", "https://h/x.png", "cat.png"),
+        ("C:\\Users\\me\\cat*1.png", None, "cat&#42;1.png"),
+        (None, "https://host.example/a/b/dog.png?token=abc#frag", "dog.png"),
+        ("/dir/", None, "dir"),
+    ],
+)
+def test_unreachable_image_names_its_file_without_directory(
+    path: str | None, url: str | None, name: str
+) -> None:
+    view = ImageGridView(
+        prompt="", model="", size="", items=(ImageItem(url=url, path=path, size_bytes=None, mime=None),)
+    )
+    elements = image_grid(view, LEVELS[0], Langs(("zh_cn",)), {})
+    assert elements[-1]["content"].split("\n")[0] == f"1. 图片不可达 · {name}"
+    assert "secret" not in elements[-1]["content"] and "token" not in elements[-1]["content"]
 
 
 def test_ask_answers_view(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -175,6 +175,28 @@ def env_in_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return env
 
 
+async def test_collect_names_what_is_on_its_way_and_settles_once_after_ready(rig: Rig, root: Path) -> None:
+    """The card says "on its way" for exactly the refs being tried, until every one has a key or failed."""
+    events: list[str] = []
+    ready = Collected()
+
+    def on_ready(keys: dict[str, str]) -> None:
+        events.append("ready")
+        ready(keys)
+
+    call = image_call("c1", {"image_path": "a.png"}, {"image_path": "missing.png", "image_url": "/u/m.png"})
+    uploading = rig.keys(root).collect(call, on_ready, 1, settled=lambda: events.append("settled"))
+    assert uploading == {"a.png", "missing.png"}  # a relative URL is no source: never "on its way"
+    await rig.settled()
+    assert events == ["ready", "settled"] and set(ready.keys) == {"a.png"}
+    nothing: list[str] = []
+    again = rig.keys(None).collect(
+        image_call("c2", {"image_path": "b.png"}), ready, 1, settled=lambda: nothing.append("x")
+    )
+    await rig.settled()
+    assert again == {"b.png"} and nothing == ["x"]  # nothing found: settled all the same
+
+
 async def test_refused_paths_get_no_key_and_are_never_logged(
     rig: Rig, root: Path, env_in_cwd: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -386,6 +408,10 @@ async def test_the_app_uploads_images_from_its_root_only(
     assert response.status == 202, await response.text()
     uploading = [t for t in asyncio.all_tasks() if t.get_name() == "images-img-1"]
     await asyncio.wait_for(asyncio.gather(*uploading), DRAIN_GUARD_SECONDS)
-    image_keys = (await app[SERVICES].require_service().require(session_id)).state.image_keys
+    state = (await app[SERVICES].require_service().require(session_id)).state
+    image_keys = state.image_keys
     assert list(image_keys) == ["a.png"]
     assert sandbox.state.images[image_keys["a.png"]] == png("a")
+    # Settled: nothing is still "on its way" on the card; the refused path is simply unreachable.
+    assert not state.uploading_images
+    assert state.card_state().image_keys == {"a.png": image_keys["a.png"]}

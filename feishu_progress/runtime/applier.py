@@ -112,10 +112,15 @@ class EventApplier:
 
         def ready(keys: dict[str, str]) -> None:
             task.state.image_keys.update(keys)
-            task.sync_card()
             self._snapshots.mark_dirty(task)
 
-        self._images.collect(call, ready, task.session_id)
+        def settled() -> None:
+            task.state.uploading_images.difference_update(uploading)
+            task.sync_card()
+
+        # Until settled, the card says these images are on their way rather than unreachable.
+        uploading = self._images.collect(call, ready, task.session_id, settled=settled)
+        task.state.uploading_images.update(uploading)
 
     async def _stored(self, task: Task, work: Awaitable[None]) -> None:
         try:

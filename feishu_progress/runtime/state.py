@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feishu_progress.domain import (
+    IMAGE_UPLOADING,
     AskOption,
     AskQuestion,
     CardState,
@@ -89,6 +90,8 @@ class TaskState:
     last_event_at: float = 0.0
     retry_requested: bool = False
     image_keys: dict[str, str] = field(default_factory=dict)
+    # Image refs whose upload is in flight (never saved: after a restart no upload is running).
+    uploading_images: set[str] = field(default_factory=set)
     finished_at: float | None = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
     actions_applied: int = 0  # the last action-log id whose effect this state carries
@@ -296,7 +299,7 @@ class TaskState:
             disliked=self.disliked,
             notice=self.notice,
             error=self.error,
-            image_keys=dict(self.image_keys),
+            image_keys={**dict.fromkeys(self.uploading_images, IMAGE_UPLOADING), **self.image_keys},
             finished_at=self.finished_at if self.status.is_terminal else None,
         )
 

@@ -795,6 +795,17 @@ MESSAGES: dict[str, dict[str, str]] = {
         "pt_br": "Imagem inacessível",
         "tr": "Görsele erişilemiyor",
     },
+    "view.image.uploading": {
+        "zh_cn": "图片上传中",
+        "en_us": "Image on its way",
+        "zh_tw": "圖片上傳中",
+        "de_de": "Bild wird hochgeladen",
+        "es_es": "Imagen en camino",
+        "fr_fr": "Image en cours d'envoi",
+        "ko_kr": "이미지 업로드 중",
+        "pt_br": "Imagem a caminho",
+        "tr": "Görsel yükleniyor",
+    },
     "view.image.prompt": {
         "zh_cn": "提示词",
         "en_us": "Prompt",
