@@ -36,7 +36,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.i18n import Msg, translate
+from feishu_progress.i18n import plural, translate
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.view_models import (
     AskAnswer,
@@ -501,7 +501,9 @@ def test_megabyte_result_is_cut_visibly(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_summary_params_are_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    line = ToolLine("1", "x", Msg("card.tools.earlier", {"count": "<at id=all></at> **b**"}), LineState.OK)
+    line = ToolLine(
+        "1", "x", plural("card.tools.earlier", "count", {"count": "<at id=all></at> **b**"}), LineState.OK
+    )
     fixed_lines(monkeypatch, x=line)
     card = build_progress_card(model(tools=(ToolCall(call_id="1", name="x"),)))
     assert "&#60;at id=all&#62;&#60;/at&#62; &#42;&#42;b&#42;&#42;" in json.dumps(card, ensure_ascii=False)
@@ -548,7 +550,9 @@ def test_image_grid_modes(monkeypatch: pytest.MonkeyPatch, count: int, tag: str,
         assert [i["img_key"] for i in grid["img_list"]] == [f"img_v3_{i}" for i in range(min(count, 9))]
     notes = panel_of(card)["elements"][-1]["content"]
     assert notes.startswith("1. 2 KB · PNG\n2. 4 KB · PNG" if count > 1 else "1. 2 KB · PNG\n")
-    assert (translate(Msg("view.image.more", {"total": count, "hidden": count - 9})) in notes) == (count > 9)
+    assert (
+        translate(plural("view.image.more", "hidden", {"total": count, "hidden": count - 9})) in notes
+    ) == (count > 9)
 
 
 def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch: pytest.MonkeyPatch) -> None:

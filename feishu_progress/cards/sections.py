@@ -7,7 +7,7 @@ from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, sanitize_inline_title
 from feishu_progress.cards.size import Limits
-from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
 from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_blocks, render_view
 from feishu_progress.domain import CardModel, Notice, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import Msg, Text
@@ -93,9 +93,9 @@ def waiting_hint(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     questions = sum(len(ask.questions) for ask in model.pending_asks)
     hints: list[Text] = []
     if questions:
-        hints.append(msg("card.waiting.questions", count=questions))
+        hints.append(counted("card.waiting.questions", questions))
     if model.pending_approvals:
-        hints.append(msg("card.waiting.approvals", count=len(model.pending_approvals)))
+        hints.append(counted("card.waiting.approvals", len(model.pending_approvals)))
     if not hints:
         return []
     return [langs.markdown(lambda locale: "\n".join(md_text(hint, locale) for hint in hints))]
@@ -131,10 +131,10 @@ def subagent_section(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
 
 
 def _subagent_text(visible: list[SubagentSummary], total: int, rest: int, locale: str) -> str:
-    lines = [md_text(msg("card.subagents.heading", count=total), locale)]
+    lines = [md_text(counted("card.subagents.heading", total), locale)]
     lines.extend(_subagent_line(subagent, locale) for subagent in visible)
     if rest > 0:
-        lines.append("- " + md_text(msg("card.subagents.more", count=rest), locale))
+        lines.append("- " + md_text(counted("card.subagents.more", rest), locale))
     return "\n".join(lines)
 
 
@@ -189,7 +189,7 @@ def tools_section(
     earlier += len(tools) - len(shown)  # ``earlier``: calls the task no longer even keeps
     head: list[Text] = [msg("card.tools.heading")]
     if earlier:
-        head.append(msg("card.tools.earlier", count=earlier))
+        head.append(counted("card.tools.earlier", earlier))
     elements: list[dict[str, Any]] = []
     pending_lines: list[Text] = list(head)
     bullets = [False] + [True] * (len(head) - 1)

@@ -13,7 +13,7 @@ from typing import Any
 from feishu_progress.cards.asktool_panel import asktool_panel
 from feishu_progress.cards.escape import escape_block, escape_inline, escape_question
 from feishu_progress.cards.size import Limits
-from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
 from feishu_progress.domain import IMAGE_UPLOADING
 from feishu_progress.i18n import Msg
 from feishu_progress.i18n.user_text import cut_index, cut_text
@@ -86,7 +86,7 @@ def block_render(text: str, limit: int) -> Callable[[str], str]:
     dropped = len(text) - kept
     if not dropped:
         return lambda _locale: escaped
-    return lambda locale: escaped + "\n" + md_text(msg("card.truncated", count=dropped), locale)
+    return lambda locale: escaped + "\n" + md_text(counted("card.truncated", dropped), locale)
 
 
 def block(text: str, limit: int, locale: str) -> str:
@@ -99,7 +99,7 @@ def inline(text: str, limit: int, locale: str) -> str:
     kept = cut_index(text, limit)
     if kept == len(text):
         return escape_inline(text)
-    marker = md_text(msg("card.truncated", count=len(text) - kept), locale)
+    marker = md_text(counted("card.truncated", len(text) - kept), locale)
     return escape_inline(text[:kept]) + " " + marker
 
 
@@ -109,11 +109,11 @@ def question_markdown(text: str, limit: int, locale: str) -> str:
     rendered = escape_question(text[:kept])
     if kept == len(text):
         return rendered
-    return rendered + "\n" + md_text(msg("card.truncated", count=len(text) - kept), locale)
+    return rendered + "\n" + md_text(counted("card.truncated", len(text) - kept), locale)
 
 
 def _more(count: int, locale: str) -> str:
-    return md_text(msg("card.more_items", count=count), locale)
+    return md_text(counted("card.more_items", count), locale)
 
 
 # -- image grid -------------------------------------------------------------------------------
