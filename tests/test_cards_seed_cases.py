@@ -192,6 +192,90 @@ FAILURES = [
     ),
 ]
 
+# -- seed 000 §3.3 / §5: the success line of every tool (unchanged by the failure work) ----------------
+SUCCESS_TABLE = [
+    ("read_file", {"path": "a.py"}, {"content": "a\nb\nc\n"}, "读取 a.py (3 行)", "Read a.py (3 lines)"),
+    (
+        "write_file",
+        {"path": "b.py", "content": "x\n"},
+        {"ok": True},
+        "写入 b.py (1 行)",
+        "Write b.py (1 line)",
+    ),
+    ("edit_file", {"path": "c.py"}, {"replacements": 2}, "编辑 c.py (2 处修改)", "Edit c.py (2 edits)"),
+    (
+        "glob_search",
+        {"pattern": "**/*.py"},
+        {"files": ["a", "b", "c"]},
+        "查找文件 **/*.py (3 个文件)",
+        "Find files **/*.py (3 files)",
+    ),
+    (
+        "grep_search",
+        {"pattern": "TODO"},
+        {"total_matches": 1},
+        "搜索代码 TODO (1 处匹配)",
+        "Search code TODO (1 match)",
+    ),
+    (
+        "web_search",
+        {"query": "飞书"},
+        {"results": [1, 2, 3, 4, 5]},
+        "搜索 飞书 (5 条结果)",
+        "Search 飞书 (5 results)",
+    ),
+    (
+        "http_call",
+        {"url": "https://api.example.com/v1", "method": "GET"},
+        {"status": 404},
+        "请求 GET api.example.com/v1 (HTTP 404)",
+        "Request GET api.example.com/v1 (HTTP 404)",
+    ),
+    (
+        "mcp_describe",
+        {"server": "github"},
+        {"tools": [1, 2]},
+        "查看 MCP 工具 github (2 个工具)",
+        "Describe MCP tools github (2 tools)",
+    ),
+    (
+        "create_scheduled_task",
+        {"name": "早报"},
+        {"task_id": 12},
+        "创建定时任务 早报 (任务 #12)",
+        "Create scheduled task 早报 (task #12)",
+    ),
+    ("list_scheduled_tasks", {}, {"tasks": [1]}, "查询定时任务 (1 个任务)", "List scheduled tasks (1 task)"),
+    (
+        "spawn_subagent",
+        {"task": "调研卡片"},
+        {"taskId": 7},
+        "启动子代理: 调研卡片 (任务 #7)",
+        "Start subagent: 调研卡片 (task #7)",
+    ),
+    (
+        "wait_subagents",
+        {},
+        {"completed": 2, "all_completed": True, "results": []},
+        "等待后台子代理 (完成 2 个 · 全部完成)",
+        "Wait for background subagents (2 done · all completed)",
+    ),
+    ("cancel_subagent", {"task_id": 7}, {"cancelled": True}, "取消子代理 任务 #7", "Cancel subagent task #7"),
+]
+
+
+def _success_case(name: str, args: dict[str, Any], result: Any, zh: str, en: str) -> Case:
+    return Case(
+        f"seed_000_ok_{name}",
+        f"000 §3.3: {name}'s success line",
+        lambda: done(name, args, result),
+        (zh,),
+        (en,),
+    )
+
+
+SUCCESS = [_success_case(*row) for row in SUCCESS_TABLE]
+
 # -- seed 000 §3.4: input previews while the call streams; D8 approval titles ----------------------------
 PREVIEWS = [
     Case(
@@ -214,6 +298,41 @@ PREVIEWS = [
         lambda: running("send_wechat_file", {"file": "/tmp/x/报告.pdf", "file_name": "报告.pdf"}),
         ("发送微信文件 报告.pdf",),
         ("Send WeChat file 报告.pdf",),
+    ),
+    Case(
+        "seed_000_preview_cancel_subagent",
+        "000 §3.4: cancel_subagent task_id → 任务 #N",
+        lambda: running("cancel_subagent", {"task_id": 7}),
+        ("取消子代理 任务 #7",),
+        ("Cancel subagent task #7",),
+    ),
+    Case(
+        "seed_000_preview_check_subagent_all",
+        "000 §3.4: check_subagent without task_id (all of them) has no preview",
+        lambda: running("check_subagent", {}),
+        ("查看子代理",),
+        ("Check subagents",),
+    ),
+    Case(
+        "seed_000_preview_create_scheduled_task",
+        "000 §3.4: create_scheduled_task name cut to 30 characters",
+        lambda: running("create_scheduled_task", {"name": "长" * 40}),
+        ("创建定时任务 " + "长" * 30,),
+        ("Create scheduled task " + "长" * 30,),
+    ),
+    Case(
+        "seed_000_preview_delete_scheduled_task",
+        "000 §3.4: delete_scheduled_task → 任务 #<task_id>",
+        lambda: running("delete_scheduled_task", {"task_id": 4}),
+        ("删除定时任务 任务 #4",),
+        ("Delete scheduled task task #4",),
+    ),
+    Case(
+        "seed_000_preview_subagent_followup",
+        "000 §3.2 erratum 1: subagent_followup's task through the generic fallback",
+        lambda: running("subagent_followup", {"child_session_id": 3, "task": "补充数据"}),
+        ("追问子代理: 补充数据",),
+        ("Follow up with subagent: 补充数据",),
     ),
     Case(
         "seed_000_approval_titles",
@@ -469,7 +588,7 @@ SUBAGENTS = [
     ),
 ]
 
-CASES = FAILURES + PREVIEWS + VIEWS + ASKTOOL + SUBAGENTS
+CASES = SUCCESS + FAILURES + PREVIEWS + VIEWS + ASKTOOL + SUBAGENTS
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
