@@ -577,6 +577,7 @@ def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch:
         ("C:\\Users\\me\\cat*1.png", None, "cat&#42;1.png"),
         (None, "https://host.example/a/b/dog.png?token=abc#frag", "dog.png"),
         ("/dir/", None, "dir"),
+        (None, "data:image/png;base64,iVBORw0KGgo=", ""),  # inline: no file to name
     ],
 )
 def test_unreachable_image_names_its_file_without_directory(
@@ -586,7 +587,8 @@ def test_unreachable_image_names_its_file_without_directory(
         prompt="", model="", size="", items=(ImageItem(url=url, path=path, size_bytes=None, mime=None),)
     )
     elements = image_grid(view, LEVELS[0], Langs(("zh_cn",)), {})
-    assert elements[-1]["content"].split("\n")[0] == f"1. 图片不可达 · {name}"
+    expected = f"1. 图片不可达 · {name}" if name else "1. 图片不可达"
+    assert elements[-1]["content"].split("\n")[0] == expected
     assert "secret" not in elements[-1]["content"] and "token" not in elements[-1]["content"]
 
 

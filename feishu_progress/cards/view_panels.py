@@ -153,6 +153,8 @@ def image_file_name(item: ImageItem) -> str:
     """The image's file name without its directory (a URL's without host, query or fragment)."""
     ref = item.path or item.url or ""
     if item.path is None:
+        if ref[:5].lower() == "data:":
+            return ""  # an inline image has no file to name
         ref = ref.split("#", 1)[0].split("?", 1)[0]
     return ref.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
