@@ -44,6 +44,12 @@ class InvocationType(StrEnum):
     DELEGATE = "DELEGATE"  # historical (seed 002 §1.3): stored, never shown
 
 
+# An ``image_keys`` entry whose key is this marker: the image's upload is still on its way (the card
+# says so, instead of 图片不可达). Riding in ``image_keys`` means every comparison of what the card shows
+# (a pending upload ending with no key is a change) sees it without a field of its own.
+IMAGE_UPLOADING = ""
+
+
 @dataclass(frozen=True, slots=True)
 class SubagentSummary:
     """One running subagent as the card shows it (seed 002 §4.1.3)."""
@@ -141,7 +147,8 @@ class CardModel:
     """Everything the progress card is built from. Pure data: the builder reads no clock.
 
     ``elapsed_ms`` is computed by the caller at build time; ``image_keys`` maps an image's
-    path or URL (as it appears in a tool result) to its uploaded Feishu image_key.
+    path or URL (as it appears in a tool result) to its uploaded Feishu image_key, or to
+    ``IMAGE_UPLOADING`` while its upload is in flight.
     """
 
     session_id: int

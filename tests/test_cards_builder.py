@@ -15,6 +15,8 @@ import pytest
 
 from feishu_progress.cards import sections
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.size import LEVELS
+from feishu_progress.cards.text import Langs
 from feishu_progress.cards.validate import (
     card_bytes,
     card_problems,
@@ -22,6 +24,7 @@ from feishu_progress.cards.validate import (
     nesting_depth,
     tagged_objects,
 )
+from feishu_progress.cards.view_panels import image_grid
 from feishu_progress.domain import (
     AskOption,
     AskQuestion,
@@ -33,7 +36,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.i18n import Msg, translate
+from feishu_progress.i18n import plural, translate
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.view_models import (
     AskAnswer,
@@ -148,9 +151,8 @@ def seed_example() -> CardModel:
     )
 
 
-def test_seed_example_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
-    line = ToolLine("c1", "wait_subagents", "wait_subagents:等待后台子代理(执行中)", LineState.RUNNING)
-    fixed_lines(monkeypatch, wait_subagents=line)
+def test_seed_example_matches_golden() -> None:
+    """The worked example of §4.2.3 through the real tool line (no literal text in the golden path)."""
     card = build_progress_card(seed_example())
     path = GOLDEN / "seed_002_running_subagents.json"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -160,7 +162,8 @@ def test_seed_example_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     assert texts[0] == "状态:正在处理 · 第 121 轮 · 已用时 3 分 12 秒"
     assert SEED_SUBAGENT_SECTION in texts
     assert texts.index(SEED_SUBAGENT_SECTION) == texts.index(seed_example().content) + 1
-    assert texts[texts.index(SEED_SUBAGENT_SECTION) + 1].startswith("**本轮工具**\n- wait&#95;subagents")
+    # The tool line is ours (the seed's ``wait_subagents:…`` is its own formatter): verb plus 执行中.
+    assert texts[texts.index(SEED_SUBAGENT_SECTION) + 1] == "**本轮工具**\n- 等待后台子代理 (执行中)"
     assert_valid(card)
 
 
@@ -212,9 +215,22 @@ def test_title_is_cleaned_of_breaks_specials_and_length() -> None:
     line = text.split("\n")[1]
     title = line.removeprefix("- 调研 · ")
     assert "\n" not in title
-    assert not set("*_~`[]<>|\\") & set(title)
-    assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at ")
-    assert len(title) == 43 and title.endswith("长...")  # seed 002 cleanTitle: 40 + "..."
+    assert not set("*_~`[]<>|") & set(title)
+    assert title.startswith("第一行 第二行 加粗 链接 (x) at id=all /at &#92;")
+    assert len(title.replace("&#92;", "\\")) == 43 and title.endswith("长...")  # cleanTitle: 40 + "..."
+
+
+def test_backslash_in_a_title_is_kept_and_shown_as_typed() -> None:
+    """Seed 002 §4.2.3: the sanitiser's set is ``*_~`[]<>|``; a backslash stays (as an entity)."""
+    text = subagent_text(build_progress_card(model(subagents=(subagent(1, "worker", "back\\slash"),))))
+    assert text is not None and text.split("\n")[1] == "- 开发 · back&#92;slash"
+
+
+def test_subagent_section_is_left_aligned_normal_v2() -> None:
+    """Seed 002 §4.2.2: the section's markdown carries text_align left and text_size normal_v2."""
+    card = build_progress_card(seed_example())
+    [element] = [e for e in card["body"]["elements"] if e.get("content", "").startswith("**子代理")]
+    assert element["text_align"] == "left" and element["text_size"] == "normal_v2"
 
 
 def test_manager_cut_title_is_not_cut_again() -> None:
@@ -237,7 +253,8 @@ def test_manager_cut_title_is_not_cut_again() -> None:
         ("x*y", "x&#42;y"),
         ("a\nb  c", "a b c"),
         ("<at id=all></at>", "&#60;at id=all&#62;&#60;/at&#62;"),
-        ("t" * 50, "t" * 40 + "..."),
+        # §4.2.1: an unknown type is shown raw, not cut like a title (the column holds 64).
+        ("t" * 64, "t" * 64),
     ],
 )
 def test_type_labels(agent_type: str | None, label: str) -> None:
@@ -484,7 +501,9 @@ def test_megabyte_result_is_cut_visibly(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_summary_params_are_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    line = ToolLine("1", "x", Msg("card.tools.earlier", {"count": "<at id=all></at> **b**"}), LineState.OK)
+    line = ToolLine(
+        "1", "x", plural("card.tools.earlier", "count", {"count": "<at id=all></at> **b**"}), LineState.OK
+    )
     fixed_lines(monkeypatch, x=line)
     card = build_progress_card(model(tools=(ToolCall(call_id="1", name="x"),)))
     assert "&#60;at id=all&#62;&#60;/at&#62; &#42;&#42;b&#42;&#42;" in json.dumps(card, ensure_ascii=False)
@@ -531,7 +550,9 @@ def test_image_grid_modes(monkeypatch: pytest.MonkeyPatch, count: int, tag: str,
         assert [i["img_key"] for i in grid["img_list"]] == [f"img_v3_{i}" for i in range(min(count, 9))]
     notes = panel_of(card)["elements"][-1]["content"]
     assert notes.startswith("1. 2 KB · PNG\n2. 4 KB · PNG" if count > 1 else "1. 2 KB · PNG\n")
-    assert (translate(Msg("view.image.more", {"total": count, "hidden": count - 9})) in notes) == (count > 9)
+    assert (
+        translate(plural("view.image.more", "hidden", {"total": count, "hidden": count - 9})) in notes
+    ) == (count > 9)
 
 
 def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -542,11 +563,33 @@ def test_images_without_key_say_unreachable_and_never_show_the_path(monkeypatch:
     grid = next(node for node in tagged(panel_of(card)) if node["tag"] in ("img", "img_combination"))
     assert grid == {"tag": "img", "img_key": "img_0"}
     notes = panel_of(card)["elements"][-1]["content"].split("\n")
-    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达"]
-    # Issue 15 item 1: which paths exist on the host is nobody's business in the chat.
+    # Seed 000 D5's path text becomes the file's name: the directory is nobody's business in the chat.
+    assert notes[:2] == ["1. 2 KB · PNG", "2. 4 KB · PNG 图片不可达 · 1.png"]
     shown = json.dumps(card, ensure_ascii=False)
     assert "/p/1.png" not in shown and "/u/1.png" not in shown
     assert_valid(card)
+
+
+@pytest.mark.parametrize(
+    ("path", "url", "name"),
+    [
+        ("/secret/dir/cat.png", "https://h/x.png", "cat.png"),
+        ("C:\\Users\\me\\cat*1.png", None, "cat&#42;1.png"),
+        (None, "https://host.example/a/b/dog.png?token=abc#frag", "dog.png"),
+        ("/dir/", None, "dir"),
+        (None, "data:image/png;base64,iVBORw0KGgo=", ""),  # inline: no file to name
+    ],
+)
+def test_unreachable_image_names_its_file_without_directory(
+    path: str | None, url: str | None, name: str
+) -> None:
+    view = ImageGridView(
+        prompt="", model="", size="", items=(ImageItem(url=url, path=path, size_bytes=None, mime=None),)
+    )
+    elements = image_grid(view, LEVELS[0], Langs(("zh_cn",)), {})
+    expected = f"1. 图片不可达 · {name}" if name else "1. 图片不可达"
+    assert elements[-1]["content"].split("\n")[0] == expected
+    assert "secret" not in elements[-1]["content"] and "token" not in elements[-1]["content"]
 
 
 def test_ask_answers_view(monkeypatch: pytest.MonkeyPatch) -> None:

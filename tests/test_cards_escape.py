@@ -49,7 +49,9 @@ def test_escape_markdown_keeps_markdown_and_limits_tables() -> None:
 
 def test_plain_text_and_title_sanitising() -> None:
     assert plain_text("a\n<at id=all>") == "a ＜at id=all>"
-    assert sanitize_inline_title("  a\n*b*  [c] <d> | e\\ ") == "a b c d e"
+    assert sanitize_inline_title("  a\n*b*  [c] <d> | e ") == "a b c d e"
+    # Seed 002 §4.2.3: only its own set is replaced; a backslash is not in it.
+    assert sanitize_inline_title("back\\slash") == "back\\slash"
 
 
 @pytest.mark.parametrize(
@@ -81,6 +83,23 @@ def test_escape_markdown_defuses_every_link_but_http(text: str, expected: str) -
 )
 def test_escape_markdown_keeps_web_links_and_plain_brackets(text: str) -> None:
     assert escape_markdown(text) == text
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "[链接](https://example.com)",
+        "[a]( HTTPS://example.com/x)",
+        "[r]: https://example.com\n[r]",
+        "[x\\](http://e.com)",
+    ],
+)
+def test_escape_question_makes_no_link_not_even_a_web_one(question: str) -> None:
+    """Seed 001 §6: a question makes no link, image or raw HTML (the content keeps web links)."""
+    rendered = escape_question(question)
+    assert "](" not in rendered.replace("&#93;(", "") and "]:" not in rendered
+    assert "&#93;" in rendered
+    assert "](https://example.com)" in escape_markdown("[链接](https://example.com)")
 
 
 def test_escape_question_has_no_table_and_no_open_fence() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.cards.plaintext import card_as_text
-from feishu_progress.domain import CardModel, TaskStatus, ToolCall
+from feishu_progress.domain import IMAGE_UPLOADING, CardModel, TaskStatus, ToolCall
 from tests.test_cards_builder import assert_valid, panel_of
 
 GOLDEN = Path(__file__).parent / "golden" / "cards"
@@ -77,10 +77,22 @@ def test_seed_000_image_grid() -> None:
         "  提示词: 一只猫",
         "  [image]",
         "  1. 2 KB · PNG",
-        "  2. 1 KB · JPEG 图片不可达",
+        "  2. 1 KB · JPEG 图片不可达 · gone.png",
         "  2 张图 · gpt-image-1 · 1024x1024",
     ]
-    assert "/secret" not in json.dumps(card) and "gone.png" not in json.dumps(card)
+    # D5's path and copy button become the file's name: the directory never reaches the chat.
+    assert "/secret" not in json.dumps(card) and "/uploads" not in json.dumps(card)
+
+
+def test_seed_000_image_on_its_way_is_not_unreachable() -> None:
+    """D5 is for an image that cannot be reached; one whose upload is in flight says it is on its way."""
+    result = {
+        "images": [{"image_url": "/uploads/cat.png", "image_path": "/data/cat.png", "size_bytes": 2048}]
+    }
+    call = ToolCall("c1", "generate_image", {"prompt": "猫"}, result, finished=True)
+    card = card_for(call, image_keys={"/data/cat.png": IMAGE_UPLOADING})
+    assert panel_lines(card)[2] == "  1. 2 KB 图片上传中"
+    assert "[image]" not in panel_lines(card) and "图片不可达" not in json.dumps(card, ensure_ascii=False)
 
 
 def test_seed_001_asktool_answered() -> None:

@@ -10,18 +10,21 @@ from typing import Any
 import pytest
 
 from feishu_progress.cards.builder import build_progress_card
-from feishu_progress.domain import CardModel, TaskStatus, ToolCall
+from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import (
     CARD_LOCALES,
     CATALOG_LOCALES,
     FEISHU_LOCALES,
     SINGLE_LANGUAGE_LOCALES,
+    Msg,
     all_messages,
     plural,
     translate,
 )
 from feishu_progress.i18n.plurals import RULES, Operands, operands, plural_category
 from feishu_progress.tools.line_parts import count
+from feishu_progress.tools.view_labels import image_footer, image_hidden, wait_summary_msg
+from feishu_progress.tools.view_models import ImageGridView, ImageItem, WaitSummary
 
 MESSAGES = all_messages()
 PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.", "view.raw.")
@@ -122,12 +125,124 @@ def _expected_form(key: str, locale: str, number: int | float) -> str:
 def test_every_one_other_pair_translates_by_the_locale_rule(key: str) -> None:
     assert key not in MESSAGES  # only the forms exist: a bare key would shadow the choice
     params: dict[str, Any] = dict.fromkeys(_fields(MESSAGES[f"{key}.other"]["zh_cn"]), 0)
-    (count_param,) = [name for name in params if name in ("n", "total")]
+    count_param = _count_param(params)
     for locale in CATALOG_LOCALES:
         for number in (0, 1, 2, 1_000_000):
             values = {**params, count_param: number}
             rendered = translate(plural(key, count_param, values), locale)
             assert rendered == _expected_form(key, locale, number).format(**values), (key, locale, number)
+
+
+# The parameter a counted key's form follows: the one it counts (``view.image.more`` counts the hidden).
+COUNT_PARAMS = ("hidden", "count", "n", "total")
+# Counted by nothing: units after a number are abbreviations (3 min, 12 s), ``round {round}`` is an
+# ordinal label, ``task #{id}`` an id and ``{prompt}+{completion} tok`` a unit symbol.
+UNCOUNTED = re.compile(r"^(card\.duration\.|card\.round$|tool\.preview\.task$|view\.subagents\.tokens$)")
+# Written out from CLDR plurals.xml, not read from plurals.py: the category of 0, 1, 2 and 5.
+FORMS_AT_0_1_2_5 = {
+    "zh_cn": ("other", "other", "other", "other"),
+    "zh_tw": ("other", "other", "other", "other"),
+    "ko_kr": ("other", "other", "other", "other"),
+    "en_us": ("other", "one", "other", "other"),
+    "de_de": ("other", "one", "other", "other"),
+    "es_es": ("other", "one", "other", "other"),
+    "tr": ("other", "one", "other", "other"),
+    "fr_fr": ("one", "one", "other", "other"),
+    "pt_br": ("one", "one", "other", "other"),
+}
+
+
+def _count_param(params: dict[str, Any]) -> str:
+    return next(name for name in COUNT_PARAMS if name in params)
+
+
+def test_every_counted_text_has_its_plural_forms() -> None:
+    """Seeds 000/002 counted texts: a count placeholder means ``.one`` / ``.other`` forms, never one text."""
+    counted = {
+        key
+        for key, translations in MESSAGES.items()
+        if set(COUNT_PARAMS) & _fields(translations["zh_cn"]) and not UNCOUNTED.match(key)
+    }
+    assert counted and all(key.endswith((".one", ".other")) for key in counted), sorted(
+        key for key in counted if not key.endswith((".one", ".other"))
+    )
+    assert set(FORMS_AT_0_1_2_5) == set(CATALOG_LOCALES)
+
+
+@pytest.mark.parametrize("key", PLURAL_KEYS)
+def test_every_counted_key_renders_its_cldr_form_at_0_1_2_5(key: str) -> None:
+    params: dict[str, Any] = dict.fromkeys(_fields(MESSAGES[f"{key}.other"]["zh_cn"]), 3)
+    count_param = _count_param(params)
+    for locale in CATALOG_LOCALES:
+        for number, category in zip((0, 1, 2, 5), FORMS_AT_0_1_2_5[locale], strict=True):
+            values = {**params, count_param: number}
+            rendered = translate(plural(key, count_param, values), locale)
+            assert rendered == MESSAGES[f"{key}.{category}"][locale].format(**values), (key, locale, number)
+
+
+@pytest.mark.parametrize(
+    ("text", "locale", "expected"),
+    [
+        (
+            wait_summary_msg(WaitSummary(completed=1, all_completed=True, timed_out=False)),
+            "fr_fr",
+            "1 terminé · tous terminés",
+        ),
+        (
+            wait_summary_msg(WaitSummary(completed=1, all_completed=True, timed_out=False)),
+            "pt_br",
+            "1 concluído · todos concluídos",
+        ),
+        (
+            wait_summary_msg(WaitSummary(completed=1, all_completed=False, timed_out=False)),
+            "es_es",
+            "1 completado",
+        ),
+        (
+            wait_summary_msg(WaitSummary(completed=2, all_completed=False, timed_out=True)),
+            "fr_fr",
+            "2 terminés · délai dépassé",
+        ),
+    ],
+)
+def test_the_issue_s_counted_lines_read_right(text: Msg, locale: str, expected: str) -> None:
+    assert translate(text, locale) == expected
+
+
+@pytest.mark.parametrize(
+    ("locale", "six", "more", "one"),
+    [
+        ("de_de", "**Subagenten · 6 laufen**", "- 1 weiterer läuft", "**Subagenten · 1 läuft**"),
+        ("fr_fr", "**Sous-agents · 6 en cours**", "- 1 autre en cours", "**Sous-agents · 1 en cours**"),
+        ("en_us", "**Subagents · 6 running**", "- 1 more running", "**Subagents · 1 running**"),
+    ],
+)
+def test_the_subagent_section_counts_in_the_card_s_language(
+    locale: str, six: str, more: str, one: str
+) -> None:
+    subagents = tuple(SubagentSummary(i, "worker", f"t{i}", "RUNNING", 0) for i in range(6))
+
+    def section(shown: tuple[SubagentSummary, ...]) -> list[str]:
+        model = CardModel(
+            session_id=1, status=TaskStatus.RUNNING, round=1, subagents=shown, locales=(locale,)
+        )
+        elements = build_progress_card(model)["body"]["elements"]
+        return next(e["content"] for e in elements if "t0" in e.get("content", "")).split("\n")
+
+    lines = section(subagents)
+    assert lines[0] == six and lines[-1] == more
+    assert section(subagents[:1])[0] == one
+
+
+def test_hidden_images_count_the_hidden_ones() -> None:
+    view = ImageGridView(
+        prompt="", model="", size="", items=tuple(ImageItem("u", None, None, None) for _ in range(10))
+    )
+    hidden = image_hidden(view)
+    assert hidden is not None
+    assert translate(hidden, "fr_fr") == "10 au total, 1 autre non affichée"
+    assert translate(hidden, "pt_br") == "10 no total, mais 1 não exibida"
+    assert translate(image_footer(view), "en_us") == "10 images"
 
 
 def test_zero_is_singular_in_french_and_brazilian_portuguese_only() -> None:

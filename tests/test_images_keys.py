@@ -8,8 +8,10 @@ the tracked task set, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import time
 import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -173,6 +175,28 @@ def env_in_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     env.write_bytes(PNG + b"FP_FEISHU__APP_SECRET=s3cret")
     monkeypatch.chdir(tmp_path)
     return env
+
+
+async def test_collect_names_what_is_on_its_way_and_settles_once_after_ready(rig: Rig, root: Path) -> None:
+    """The card says "on its way" for exactly the refs being tried, until every one has a key or failed."""
+    events: list[str] = []
+    ready = Collected()
+
+    async def on_ready(keys: dict[str, str]) -> None:
+        events.append("ready")
+        await ready(keys)
+
+    call = image_call("c1", {"image_path": "a.png"}, {"image_path": "missing.png", "image_url": "/u/m.png"})
+    uploading = rig.keys(root).collect(call, on_ready, 1, settled=lambda: events.append("settled"))
+    assert uploading == {"a.png", "missing.png"}  # a relative URL is no source: never "on its way"
+    await rig.settled()
+    assert events == ["ready", "settled"] and set(ready.keys) == {"a.png"}
+    nothing: list[str] = []
+    again = rig.keys(None).collect(
+        image_call("c2", {"image_path": "b.png"}), ready, 1, settled=lambda: nothing.append("x")
+    )
+    await rig.settled()
+    assert again == {"b.png"} and nothing == ["x"]  # nothing found: settled all the same
 
 
 async def test_refused_paths_get_no_key_and_are_never_logged(
@@ -349,10 +373,8 @@ async def test_many_results_of_big_copies_stay_within_the_semaphore_and_upload_o
 # --- the app's wiring ----------------------------------------------------------------------------
 
 
-async def test_the_app_uploads_images_from_its_root_only(
-    sandbox: RunningSandbox, root: Path, tmp_path: Path, aiohttp_client: Any
-) -> None:
-    settings = Settings(
+def _app_settings(sandbox: RunningSandbox, root: Path, tmp_path: Path) -> Settings:
+    return Settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
         feishu=FeishuSettings(
             base_url=sandbox.base_url,
@@ -366,9 +388,48 @@ async def test_the_app_uploads_images_from_its_root_only(
         api=ApiSettings(token="api-token"),
         images=ImagesSettings(root=root),
     )
-    app = create_app(settings, registry=CollectorRegistry())
+
+
+AUTH = {"Authorization": "Bearer api-token"}
+
+
+async def _card_shows(sandbox: RunningSandbox, message_id: str, text: str) -> str:
+    """The message's card once its JSON holds ``text`` (the scheduler delivers within a second or two)."""
+    deadline = time.monotonic() + DRAIN_GUARD_SECONDS
+    while text not in (shown := json.dumps(sandbox.state.messages[message_id].card, ensure_ascii=False)):
+        assert time.monotonic() < deadline, shown
+        await asyncio.sleep(0.05)
+    return shown
+
+
+async def test_an_image_on_its_way_says_so_on_the_delivered_card(
+    sandbox: RunningSandbox, root: Path, tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """Seed 000 D5 is for an image that cannot be reached; while its upload runs the card says 图片上传中."""
+    app = create_app(_app_settings(sandbox, root, tmp_path), registry=CollectorRegistry())
     http = await aiohttp_client(app)
-    auth = {"Authorization": "Bearer api-token"}
+    task = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_1", "title": "t"}
+    created = await (await http.post("/v1/tasks", json=task, headers=AUTH)).json()
+    sandbox.state.faults.slow(1500, endpoints=("image",))  # the upload takes a while
+    result = {"images": [{"image_url": "/u/a.png", "image_path": "a.png", "size_bytes": 2048}]}
+    events = [
+        {"type": "tool_started", "call_id": "img-1", "name": "generate_image", "args": {"prompt": "a"}},
+        {"type": "tool_finished", "call_id": "img-1", "result": result},
+    ]
+    path = f"/v1/tasks/{created['session_id']}/events"
+    assert (await http.post(path, json={"events": events}, headers=AUTH)).status == 202
+    during = await _card_shows(sandbox, created["message_id"], "图片上传中")
+    assert "图片不可达" not in during
+    after = await _card_shows(sandbox, created["message_id"], '"img_key"')
+    assert "图片上传中" not in after and "图片不可达" not in after
+
+
+async def test_the_app_uploads_images_from_its_root_only(
+    sandbox: RunningSandbox, root: Path, tmp_path: Path, aiohttp_client: Any
+) -> None:
+    app = create_app(_app_settings(sandbox, root, tmp_path), registry=CollectorRegistry())
+    http = await aiohttp_client(app)
+    auth = AUTH
     task = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_1", "title": "t"}
     created = await http.post("/v1/tasks", json=task, headers=auth)
     session_id = (await created.json())["session_id"]
@@ -386,6 +447,10 @@ async def test_the_app_uploads_images_from_its_root_only(
     assert response.status == 202, await response.text()
     uploading = [t for t in asyncio.all_tasks() if t.get_name() == "images-img-1"]
     await asyncio.wait_for(asyncio.gather(*uploading), DRAIN_GUARD_SECONDS)
-    image_keys = (await app[SERVICES].require_service().require(session_id)).state.image_keys
+    state = (await app[SERVICES].require_service().require(session_id)).state
+    image_keys = state.image_keys
     assert list(image_keys) == ["a.png"]
     assert sandbox.state.images[image_keys["a.png"]] == png("a")
+    # Settled: nothing is still "on its way" on the card; the refused path is simply unreachable.
+    assert not state.uploading_images
+    assert state.card_state().image_keys == {"a.png": image_keys["a.png"]}

@@ -258,7 +258,7 @@ async def _rename(db: Database, old: str, new: str) -> None:
         await connection.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
 
 
-async def test_a_database_blip_keeps_the_last_subagent_list_and_a_first_load_shows_none(db: Database) -> None:
+async def test_a_database_blip_omits_the_subagent_list_until_the_database_answers(db: Database) -> None:
     clock = FakeClock()
     rows = SubagentRepository(db)
     now = utc_datetime(clock.wall())
@@ -287,7 +287,9 @@ async def test_a_database_blip_keeps_the_last_subagent_list_and_a_first_load_sho
     assert len(await subagents_on(seen)) == 2
     await _rename(db, "subagent_execution", "subagent_execution_gone")
     try:
-        assert len(await subagents_on(seen)) == 2  # kept, not emptied
+        await clock.advance(1.5)  # the list loaded above is no longer cached
+        # Seed 002 §5.1: the manager lists nothing and warns; a list that may be wrong is not kept as current.
+        assert await subagents_on(seen) == []
         assert await subagents_on(card_of(8)) == []  # a first load: none
     finally:
         await _rename(db, "subagent_execution_gone", "subagent_execution")

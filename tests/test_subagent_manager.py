@@ -7,15 +7,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import text
 
+from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.plaintext import card_as_text
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
 from feishu_progress.db.models import SubagentExecution
 from feishu_progress.db.repo import SubagentRepository
-from feishu_progress.domain import SubagentSummary
+from feishu_progress.domain import CardState, SubagentSummary, TaskStatus
 from feishu_progress.ports import SubagentSource
+from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.subagents.manager import SubagentManager
+from tests.fakes import FakeClock
 
 T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC)
 
@@ -107,19 +111,18 @@ async def test_list_running_many_matches_list_running(db: Database) -> None:
     assert many[1][0].round == 7
 
 
-async def test_a_failing_query_raises_and_warns_once_per_outage(
+async def test_a_failing_query_lists_nothing_and_warns_once_per_outage(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # An unmigrated database: the query fails with "no such table". Degrading is the live card's job.
+    # An unmigrated database: the query fails with "no such table". Seed 002 §5.1: list nothing, warn.
     broken = Database.open(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
-    manager = SubagentManager(broken)
+    manager = SubagentManager(broken, forget_unlisted=True)
     manager.track(1, 42)
     try:
         with caplog.at_level(logging.INFO, logger="feishu_progress.subagents.manager"):
-            with pytest.raises(OperationalError):
-                await manager.list_running(42)
-            with pytest.raises(OperationalError):
-                await manager.list_running_many([42, 43])
+            assert await manager.list_running(42) == []
+            assert await manager.list_running_many([42, 43]) == {42: [], 43: []}
+            assert manager.tracked(42) == [1]  # a failed query proves nothing ended: the round is kept
             await upgrade(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
             assert await manager.list_running(42) == []
     finally:
@@ -129,3 +132,32 @@ async def test_a_failing_query_raises_and_warns_once_per_outage(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
         "listing running subagents works again"
     ]
+
+
+async def test_a_failing_query_omits_the_section_instead_of_showing_the_last_list(tmp_path: Path) -> None:
+    """Seed 002 §4.1.2/§5.1/§6.1 through the real card: a list that may be wrong is never shown as current."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'agent.db'}"
+    await upgrade(url)
+    db = Database.open(url)
+    clock = FakeClock()
+    context = CardContext(session_id=42, message_id="om_42", title="t", started_at=clock.wall())
+    card = LiveCard(
+        context,
+        clock=clock,
+        build_card=build_progress_card,
+        build_degraded_card=build_degraded_card,
+        subagents=SubagentManager(db),
+    )
+    try:
+        await spawn(SubagentRepository(db), 42, "a", title="排查链路")
+        card.record(CardState(status=TaskStatus.RUNNING, round=2))
+        shown = await card.build_for_delivery()
+        assert "**子代理 · 1 个运行中**\n- 调研 · 排查链路" in card_as_text(shown.card)
+        async with db.engine.begin() as connection:
+            await connection.execute(text("DROP TABLE subagent_execution"))
+        await clock.advance(1.5)  # past the 1 s cache
+        card.record(CardState(status=TaskStatus.RUNNING, round=3))
+        after = card_as_text((await card.build_for_delivery()).card)
+        assert "子代理" not in after and "第 3 轮" in after
+    finally:
+        await db.close()

@@ -67,9 +67,10 @@ def test_running_title_prefers_the_child_session_title() -> None:
 def test_running_title_falls_back_to_task_description_then_label() -> None:
     assert running_subagent_title(None, "调研\n飞书限流", 12, 3) == "调研 飞书限流"
     assert running_subagent_title("  ", "调研", 12, 3) == "调研"
-    assert (
-        running_subagent_title("后台子代理(explorer): ", "调研", 12, 3) == "调研"
-    )  # nothing after the prefix
+    # Seed 002 §4.1.2: a title that is only the prefix is still the source; nothing is left of it.
+    assert running_subagent_title("后台子代理(explorer): ", "调研", 12, 3) == "子代理 #12"
+    assert running_subagent_title("后台子代理（worker）：  ", None, None, 4) == "子代理 #4"
+    assert running_subagent_title("\x01\x02", "调研", 12, 3) == "子代理 #12"  # not blank, nothing left
     assert running_subagent_title(None, None, 12, 3) == "子代理 #12"
     assert running_subagent_title("", " ", None, 3) == "子代理 #3"
 

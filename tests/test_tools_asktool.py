@@ -136,13 +136,17 @@ def test_a_failed_asktool_says_why_and_keeps_its_questions() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Read", "plugin:other", "plugin:asktool", "plugin_asktool", "asktool2", "", "ASKTOOL"]
+    "name",
+    ["Read", "plugin:other", "plugin:asktool_x", "plugin_asktool", "asktool2", "", "ASKTOOL", "asktool:x"],
 )
 def test_t6_other_tool_names_do_not_match(name: str) -> None:
     assert not is_asktool_name(name)
 
 
-@pytest.mark.parametrize("name", ["asktool", "functions.asktool", "mcp__pi__asktool", " asktool "])
+# Seed 001 §4.1 rule 1: a provider or plugin prefix is removed, then the name must equal asktool.
+@pytest.mark.parametrize(
+    "name", ["asktool", "functions.asktool", "mcp__pi__asktool", " asktool ", "plugin:asktool", "a:b.asktool"]
+)
 def test_provider_prefixed_asktool_matches(name: str) -> None:
     assert is_asktool_name(name)
 

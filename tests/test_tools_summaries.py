@@ -324,7 +324,9 @@ GOLDEN: list[tuple[str, dict[str, Any], Any, str, LineState]] = [
         "查看子代理 (2 个任务)",
         LineState.OK,
     ),
-    ("check_subagent", {"task_id": 7}, SUBAGENT, "查看子代理 任务 #7 (运行中)", LineState.OK),
+    # Seed 000 step 5: the single-object answer is one task, like a list of one (its status is in the row).
+    ("check_subagent", {"task_id": 7}, SUBAGENT, "查看子代理 任务 #7 (1 个任务)", LineState.OK),
+    ("check_subagent", {}, {"background_subagents": []}, "查看子代理 (0 个任务)", LineState.OK),
     (
         "check_subagent",
         {"task_id": 8},
@@ -367,6 +369,20 @@ GOLDEN: list[tuple[str, dict[str, Any], Any, str, LineState]] = [
         {"questions": [{}]},
         {"answers": [{"question": "选哪个?", "selectedLabels": ["A"], "customInput": None}]},
         "向用户提问 (1 组问答)",
+        LineState.OK,
+    ),
+    # Seed 000 step 4: the count is of the pairs shown; an answer with a blank question is not one.
+    (
+        "ask_user_questions",
+        {},
+        {
+            "answers": [
+                {"question": "选哪个?", "selectedLabels": ["A"], "customInput": None},
+                {"question": "  ", "selectedLabels": ["B"], "customInput": None},
+                {"question": "为什么?", "selectedLabels": [], "customInput": "因为"},
+            ]
+        },
+        "向用户提问 (2 组问答)",
         LineState.OK,
     ),
     ("ask_user_questions", {}, {"error": "用户取消"}, "向用户提问 (失败: 用户取消)", LineState.FAILED),

@@ -23,7 +23,7 @@ from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, escape_question
 from feishu_progress.cards.size import Limits, fair_cap
-from feishu_progress.cards.text import Langs, md_text, msg
+from feishu_progress.cards.text import Langs, counted, md_text, msg
 from feishu_progress.domain import AskQuestion
 from feishu_progress.i18n.user_text import cut_index, cut_text
 from feishu_progress.tools.asktool import is_custom_answer
@@ -74,7 +74,7 @@ def _summary_text(view: AskToolView, cap: int | None, locale: str) -> str:
     for number, (question, answer) in enumerate(zip(view.questions, _answers(view), strict=True), 1):
         parts.append(_question_block(number, question, answer, none_key=none_key, cut=cut, locale=locale))
     if cut.dropped:
-        parts.append(md_text(msg("card.truncated", count=cut.dropped), locale))
+        parts.append(md_text(counted("card.truncated", cut.dropped), locale))
     return "\n\n".join(parts)
 
 

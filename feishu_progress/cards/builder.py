@@ -34,7 +34,7 @@ from feishu_progress.cards.size import (
     json_bytes,
     longest_prefix,
 )
-from feishu_progress.cards.text import Langs, msg, plain
+from feishu_progress.cards.text import Langs, counted, msg, plain
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.i18n import DEFAULT_LOCALE, Text
 from feishu_progress.i18n.user_text import cut_index, cut_text
@@ -184,7 +184,7 @@ def _content_elements(
     shown = cut_index(content, fitting)
     dropped = original_chars - shown
     elements = [_answer_element(_render_content(content[:shown]).rstrip() or "…")]
-    elements.append(langs.md_msg(msg("card.truncated", count=dropped)))
+    elements.append(langs.md_msg(counted("card.truncated", dropped)))
     return elements
 
 

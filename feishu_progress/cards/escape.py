@@ -67,7 +67,7 @@ _TABLE_DELIMITER = re.compile(
     r"^[ \t]*\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)+\|?[ \t]*$|^[ \t]*\|[ \t]*:?-+:?[ \t]*\|?[ \t]*$"
 )
 _TAG_OPEN = re.compile(r"<(?=\s*/?\s*[A-Za-z!?])")
-_TITLE_SPECIALS = re.compile(r"[*_~`\[\]<>|\\]")
+_TITLE_SPECIALS = re.compile(r"[*_~`\[\]<>|]")
 
 
 def plain_text(text: str) -> str:
@@ -94,17 +94,20 @@ def escape_block(text: str) -> str:
 
 
 def sanitize_inline_title(text: str) -> str:
-    """Seed 002 sanitizeInlineTitle: control chars and ``* _ ~ ` [ ] < > | \\`` become spaces."""
+    """Seed 002 sanitizeInlineTitle: control chars and exactly ``* _ ~ ` [ ] < > |`` become spaces."""
     return one_line(_TITLE_SPECIALS.sub(" ", text))
 
 
-def escape_markdown(text: str, *, max_tables: int = MAX_MARKDOWN_TABLES) -> str:
-    """Streamed agent markdown: rendered, but with no live tag, image, odd link or oversized part."""
+def escape_markdown(text: str, *, max_tables: int = MAX_MARKDOWN_TABLES, web_links: bool = True) -> str:
+    """Streamed agent markdown: rendered, but with no live tag, image, odd link or oversized part.
+
+    ``web_links=False`` defuses http(s) links too (a question's text: seed 001 §6, no links at all).
+    """
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     text = _ENTITY_START.sub("&#38;", text)
     text = text.replace("<", "&#60;")
     text = _IMAGE.sub("!&#91;", text)
-    text = _defuse_links(text)
+    text = _defuse_links(text, web_links=web_links)
     text = _HEADING.sub(r"\1####", text)
     return _limit_tables(text, max_tables)
 
@@ -113,19 +116,21 @@ def escape_question(text: str) -> str:
     """A question the agent wrote, rendered as markdown (seed 001 R3) with the content's neutralisation.
 
     Several questions share one markdown element (which takes four tables at most), so a question
-    never renders a table; a fence it leaves open is closed so the next line is not swallowed.
+    never renders a table; a fence it leaves open is closed so the next line is not swallowed. Seed 001
+    §6 keeps the rich question text from producing links, images or raw HTML: an http(s) link is
+    defused as well (``[链接](https://…)`` reads as typed), unlike the streamed content.
     """
-    return close_open_fence(escape_markdown(text, max_tables=0).strip())
+    return close_open_fence(escape_markdown(text, max_tables=0, web_links=False).strip())
 
 
-def _defuse_links(text: str) -> str:
-    """Every link target but http(s) made literal text; a definition never survives (see module doc)."""
+def _defuse_links(text: str, *, web_links: bool = True) -> str:
+    """Every link target but http(s) (all, without ``web_links``) made literal; no definition survives."""
     if "]" not in text:
         return text
 
     def defuse(match: re.Match[str]) -> str:
         token = match.group(0)
-        if not token.endswith(":") and _WEB_DESTINATION.match(text, match.end()):
+        if web_links and not token.endswith(":") and _WEB_DESTINATION.match(text, match.end()):
             return token
         return "&#93;" + token.lstrip("\\")[1:]
 

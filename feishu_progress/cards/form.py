@@ -14,7 +14,7 @@ from feishu_progress.cards.callback_contract import (
 )
 from feishu_progress.cards.escape import plain_text
 from feishu_progress.cards.size import Limits
-from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
 from feishu_progress.cards.view_panels import inline, question_markdown
 from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
@@ -53,7 +53,7 @@ def ask_form(
         elements.extend(_question_elements(ask_index, question_index, question, limits, langs))
     hidden = len(ask.questions) - len(shown)
     if hidden:
-        elements.append(langs.md_msg(msg("card.form.more_questions", count=hidden)))
+        elements.append(langs.md_msg(counted("card.form.more_questions", hidden)))
     submit = _button(
         langs, msg("card.form.submit"), "primary", callback_value("answers", session_id, ask_id=ask.ask_id)
     )
@@ -97,7 +97,7 @@ def _question_elements(
     elements.append(field)
     hidden = len(question.options) - len(options)
     if hidden:
-        elements.append(langs.md_msg(msg("card.form.more_options", count=hidden)))
+        elements.append(langs.md_msg(counted("card.form.more_options", hidden)))
     elements.append(
         _input(langs, other_field_name(ask_index, question_index), msg("card.form.placeholder.other"))
     )
@@ -146,7 +146,7 @@ def approval_elements(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
         )
     hidden = len(model.pending_approvals) - len(shown)
     if hidden:
-        elements.append(langs.md_msg(msg("card.more_items", count=hidden)))
+        elements.append(langs.md_msg(counted("card.more_items", hidden)))
     return elements
 
 

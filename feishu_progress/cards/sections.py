@@ -7,7 +7,7 @@ from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, sanitize_inline_title
 from feishu_progress.cards.size import Limits
-from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
 from feishu_progress.cards.view_panels import block_render, collapsed_panel, raw_blocks, render_view
 from feishu_progress.domain import CardModel, Notice, SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import Msg, Text
@@ -19,6 +19,11 @@ MAX_CARD_SUBAGENTS = 5  # seed 002 D3
 SUBAGENT_TITLE_CHARS = 40  # seed 002 cleanTitle: 40 characters + "..."
 TITLE_ELLIPSIS = "..."
 TOOL_PARAM_CHARS = 200
+# An unknown subagent type is shown raw (§4.2.1): bounded only like any other user text on a line.
+SUBAGENT_TYPE_CHARS = TOOL_PARAM_CHARS
+# Seed 002 §4.2.2: the section's markdown element is left-aligned, in the normal_v2 size.
+SUBAGENT_SECTION_STYLE = {"text_align": "left", "text_size": "normal_v2"}
+BACKSLASH_ENTITY = "&#92;"
 
 STATE_KEYS = {
     TaskStatus.RUNNING: "card.state.running",
@@ -88,9 +93,9 @@ def waiting_hint(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     questions = sum(len(ask.questions) for ask in model.pending_asks)
     hints: list[Text] = []
     if questions:
-        hints.append(msg("card.waiting.questions", count=questions))
+        hints.append(counted("card.waiting.questions", questions))
     if model.pending_approvals:
-        hints.append(msg("card.waiting.approvals", count=len(model.pending_approvals)))
+        hints.append(counted("card.waiting.approvals", len(model.pending_approvals)))
     if not hints:
         return []
     return [langs.markdown(lambda locale: "\n".join(md_text(hint, locale) for hint in hints))]
@@ -121,14 +126,15 @@ def subagent_section(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
         return []
     total = len(model.subagents)
     rest = total - len(visible)
-    return [langs.markdown(lambda locale: _subagent_text(visible, total, rest, locale))]
+    element = langs.markdown(lambda locale: _subagent_text(visible, total, rest, locale))
+    return [{**element, **SUBAGENT_SECTION_STYLE}]
 
 
 def _subagent_text(visible: list[SubagentSummary], total: int, rest: int, locale: str) -> str:
-    lines = [md_text(msg("card.subagents.heading", count=total), locale)]
+    lines = [md_text(counted("card.subagents.heading", total), locale)]
     lines.extend(_subagent_line(subagent, locale) for subagent in visible)
     if rest > 0:
-        lines.append("- " + md_text(msg("card.subagents.more", count=rest), locale))
+        lines.append("- " + md_text(counted("card.subagents.more", rest), locale))
     return "\n".join(lines)
 
 
@@ -144,12 +150,13 @@ def _subagent_line(subagent: SubagentSummary, locale: str) -> str:
 
 
 def _subagent_type(agent_type: str | None, locale: str) -> str:
-    """A known type's label; an unknown one as its raw value (§4.2.1), on one line, cut like a title."""
+    """A known type's label; an unknown one as its raw value (§4.2.1), on one line, only sanitised."""
     key = SUBAGENT_TYPE_KEYS.get(agent_type or "")
     if key is not None:
         return md_text(msg(key), locale)
     # Escaped, not stripped of specials: ``code_writer`` must read ``code_writer``, not ``code writer``.
-    raw = cut_text(one_line(agent_type or ""), SUBAGENT_TITLE_CHARS, TITLE_ELLIPSIS)
+    # Not cut like a title (the seed shows the value whole): only the card's own per-field bound applies.
+    raw = cut_text(one_line(agent_type or ""), SUBAGENT_TYPE_CHARS)
     return escape_inline(raw) or md_text(msg("card.subagent.type.unnamed"), locale)
 
 
@@ -159,7 +166,9 @@ def _clean_subagent_title(title: str) -> str:
     # only a title that skipped the manager (longer than that) is cut here, the same way.
     if len(cleaned) > SUBAGENT_TITLE_CHARS + len(TITLE_ELLIPSIS):
         cleaned = cut_text(cleaned, SUBAGENT_TITLE_CHARS, TITLE_ELLIPSIS)
-    return cleaned
+    # The seed replaces only ``*_~`[]<>|``; a backslash stays, written as an entity so that it shows as
+    # typed instead of escaping the character after it.
+    return cleaned.replace("\\", BACKSLASH_ENTITY)
 
 
 # -- 本轮工具 --------------------------------------------------------------------------------
@@ -180,7 +189,7 @@ def tools_section(
     earlier += len(tools) - len(shown)  # ``earlier``: calls the task no longer even keeps
     head: list[Text] = [msg("card.tools.heading")]
     if earlier:
-        head.append(msg("card.tools.earlier", count=earlier))
+        head.append(counted("card.tools.earlier", earlier))
     elements: list[dict[str, Any]] = []
     pending_lines: list[Text] = list(head)
     bullets = [False] + [True] * (len(head) - 1)

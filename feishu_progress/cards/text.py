@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from feishu_progress.cards.escape import escape_inline, plain_text
-from feishu_progress.i18n import FEISHU_LOCALES, Msg, Text, translate
+from feishu_progress.i18n import FEISHU_LOCALES, Msg, Text, plural, translate
 from feishu_progress.i18n.user_text import cut_text
 
 # A piece of card text as a function of the locale: lets one line mix catalog words and user text.
@@ -31,6 +31,11 @@ def plain(text: Text, locale: str) -> str:
 def msg(key: str, **params: Any) -> Msg:
     """Shorthand for a card catalog message."""
     return Msg(key, params)
+
+
+def counted(key: str, count: int) -> Msg:
+    """A counted card message: ``<key>.one`` / ``<key>.other`` by ``count`` (the locale's CLDR rule)."""
+    return plural(key, "count", {"count": count})
 
 
 def _escaped_params(message: Msg, escape: Callable[[str], str]) -> Msg:

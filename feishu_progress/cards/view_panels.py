@@ -13,7 +13,8 @@ from typing import Any
 from feishu_progress.cards.asktool_panel import asktool_panel
 from feishu_progress.cards.escape import escape_block, escape_inline, escape_question
 from feishu_progress.cards.size import Limits
-from feishu_progress.cards.text import Langs, cap_params, md_text, msg
+from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
+from feishu_progress.domain import IMAGE_UPLOADING
 from feishu_progress.i18n import Msg
 from feishu_progress.i18n.user_text import cut_index, cut_text
 from feishu_progress.tools.view_labels import (
@@ -85,7 +86,7 @@ def block_render(text: str, limit: int) -> Callable[[str], str]:
     dropped = len(text) - kept
     if not dropped:
         return lambda _locale: escaped
-    return lambda locale: escaped + "\n" + md_text(msg("card.truncated", count=dropped), locale)
+    return lambda locale: escaped + "\n" + md_text(counted("card.truncated", dropped), locale)
 
 
 def block(text: str, limit: int, locale: str) -> str:
@@ -98,7 +99,7 @@ def inline(text: str, limit: int, locale: str) -> str:
     kept = cut_index(text, limit)
     if kept == len(text):
         return escape_inline(text)
-    marker = md_text(msg("card.truncated", count=len(text) - kept), locale)
+    marker = md_text(counted("card.truncated", len(text) - kept), locale)
     return escape_inline(text[:kept]) + " " + marker
 
 
@@ -108,11 +109,11 @@ def question_markdown(text: str, limit: int, locale: str) -> str:
     rendered = escape_question(text[:kept])
     if kept == len(text):
         return rendered
-    return rendered + "\n" + md_text(msg("card.truncated", count=len(text) - kept), locale)
+    return rendered + "\n" + md_text(counted("card.truncated", len(text) - kept), locale)
 
 
 def _more(count: int, locale: str) -> str:
-    return md_text(msg("card.more_items", count=count), locale)
+    return md_text(counted("card.more_items", count), locale)
 
 
 # -- image grid -------------------------------------------------------------------------------
@@ -139,9 +140,23 @@ def _prompt_line(prompt: str, locale: str) -> str:
 
 def _image_key(item: ImageItem, image_keys: Mapping[str, str]) -> str | None:
     for ref in (item.path, item.url):
-        if ref and image_keys.get(ref):
+        if ref and image_keys.get(ref):  # IMAGE_UPLOADING is no key
             return image_keys[ref]
     return None
+
+
+def _uploading(item: ImageItem, image_keys: Mapping[str, str]) -> bool:
+    return any(ref and image_keys.get(ref) == IMAGE_UPLOADING for ref in (item.path, item.url))
+
+
+def image_file_name(item: ImageItem) -> str:
+    """The image's file name without its directory (a URL's without host, query or fragment)."""
+    ref = item.path or item.url or ""
+    if item.path is None:
+        if ref[:5].lower() == "data:":
+            return ""  # an inline image has no file to name
+        ref = ref.split("#", 1)[0].split("?", 1)[0]
+    return ref.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
 def _image_element(keys: list[str]) -> dict[str, Any]:
@@ -165,18 +180,23 @@ def _image_notes(
 
 
 def _image_note(number: int, item: ImageItem, image_keys: Mapping[str, str], locale: str) -> str:
-    """``1. 2 KB · PNG`` (seed 000 step 3: size, then type), and 图片不可达 when it has no key.
+    """``1. 2 KB · PNG`` (seed 000 step 3: size, then type); without a key, why there is no image.
 
-    An unreachable image never shows its path or URL: that would tell the chat which paths exist on
-    the host (issue 15 item 1).
+    An upload still in flight is on its way, not unreachable. An unreachable image names its file
+    (seed 000 D5 shows the path and a copy-path button, so the reader can find the file): the name
+    only, never the directory or URL host, which would tell the chat which paths exist on the host.
     """
     badge = [
         escape_inline(fact) for fact in (format_image_bytes(item.size_bytes), mime_tag(item.mime)) if fact
     ]
     line = f"{number}. " + " · ".join(badge) if badge else f"{number}."
-    if _image_key(item, image_keys) is None:
-        line = f"{line} {md_text(msg('view.image.unreachable'), locale)}"
-    return line
+    if _image_key(item, image_keys) is not None:
+        return line
+    if _uploading(item, image_keys):
+        return f"{line} {md_text(msg('view.image.uploading'), locale)}"
+    line = f"{line} {md_text(msg('view.image.unreachable'), locale)}"
+    name = cut_text(image_file_name(item), LABEL_CHARS)
+    return f"{line} · {escape_inline(name)}" if name else line
 
 
 # -- ask answers (ask_user_questions result) ---------------------------------------------------

@@ -117,7 +117,13 @@ class EventApplier:
                 task.sync_card()
             self._snapshots.mark_dirty(task)
 
-        self._images.collect(call, ready, task.session_id)
+        def settled() -> None:
+            task.state.images_settled(uploading)
+            task.sync_card()
+
+        # Until settled, the card says these images are on their way rather than unreachable.
+        uploading = self._images.collect(call, ready, task.session_id, settled=settled)
+        task.state.images_on_their_way(uploading)
 
     async def _stored(self, task: Task, work: Awaitable[None]) -> None:
         try:

@@ -99,22 +99,32 @@ class ImageKeys:
         )
 
     def collect(
-        self, call: ToolCall, ready: Callable[[dict[str, str]], Awaitable[None]], task_id: int | None = None
-    ) -> None:
+        self,
+        call: ToolCall,
+        ready: Callable[[dict[str, str]], Awaitable[None]],
+        task_id: int | None = None,
+        *,
+        settled: Callable[[], None] | None = None,
+    ) -> frozenset[str]:
         """Start uploading ``call``'s images; ``ready`` gets {image_path or image_url: image_key}.
 
+        Returns the refs (paths and URLs) now being tried, so the card can say those images are on their
+        way; ``settled`` is called once every one of them has a key or has failed (``ready`` first).
         ``task_id`` scopes "each source once" and the per-task cap; without it both apply to this call only.
         """
         if self.uploads is None or call.name not in IMAGE_TOOLS or not call.finished:
-            return
+            return frozenset()
         view = parse_image_gen(call.result)
         if view is None:
-            return
+            return frozenset()
         spent = self._tasks.setdefault(task_id, _TaskImages()) if task_id is not None else _TaskImages()
         plans = self._plan(view.items[: self.max_per_call], spent, task_id)
-        if plans:
-            context = {"session_id": task_id, "call_id": call.call_id}
-            self.background.spawn(self._upload_all(plans, ready, context), name=f"images-{call.call_id}")
+        if not plans:
+            return frozenset()
+        context = {"session_id": task_id, "call_id": call.call_id}
+        work = self._upload_all(plans, ready, context, settled)
+        self.background.spawn(work, name=f"images-{call.call_id}")
+        return frozenset(source.text for sources in plans for source in sources)
 
     def _plan(
         self, items: tuple[ImageItem, ...], spent: _TaskImages, task_id: int | None
@@ -140,12 +150,17 @@ class ImageKeys:
         plans: list[list[ImageSource]],
         ready: Callable[[dict[str, str]], Awaitable[None]],
         context: Mapping[str, object],
+        settled: Callable[[], None] | None = None,
     ) -> None:
-        # Concurrent per image: the uploads' semaphore, not this loop, bounds what is in memory.
-        found = await asyncio.gather(*(self._first_key(sources, context) for sources in plans))
-        keys = dict(pair for pair in found if pair is not None)
-        if keys:
-            await ready(keys)
+        try:
+            # Concurrent per image: the uploads' semaphore, not this loop, bounds what is in memory.
+            found = await asyncio.gather(*(self._first_key(sources, context) for sources in plans))
+            keys = dict(pair for pair in found if pair is not None)
+            if keys:
+                await ready(keys)
+        finally:  # cancelled or not: no image stays "on its way" forever
+            if settled is not None:
+                settled()
 
     async def _first_key(
         self, sources: list[ImageSource], context: Mapping[str, object]

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from feishu_progress.domain import (
+    IMAGE_UPLOADING,
     AskOption,
     AskQuestion,
     CardState,
@@ -91,6 +92,8 @@ class TaskState:
     last_event_at: float = 0.0
     retry_requested: bool = False
     image_keys: dict[str, str] = field(default_factory=dict)
+    # Image refs whose upload is in flight (never saved: after a restart no upload is running).
+    uploading_images: set[str] = field(default_factory=set)
     finished_at: float | None = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
     actions_applied: int = 0  # the last action-log id whose effect this state carries
@@ -228,6 +231,14 @@ class TaskState:
             raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
         self.image_keys[ref] = image_key
 
+    def images_on_their_way(self, refs: Iterable[str]) -> None:
+        """Images of a tool result being uploaded: the card says so (图片上传中) until they settle."""
+        self.uploading_images.update(refs)
+
+    def images_settled(self, refs: Iterable[str]) -> None:
+        """Those uploads ended, each with a key or not (then the card says 图片不可达)."""
+        self.uploading_images.difference_update(refs)
+
     def add_result_images(self, keys: Mapping[str, str]) -> None:
         """Images a tool result named, uploaded: {image_path or image_url: image_key}.
 
@@ -318,7 +329,7 @@ class TaskState:
             disliked=self.disliked,
             notice=self.notice,
             error=self.error,
-            image_keys=dict(self.image_keys),
+            image_keys={**dict.fromkeys(self.uploading_images, IMAGE_UPLOADING), **self.image_keys},
             finished_at=self.finished_at if self.status.is_terminal else None,
         )
 

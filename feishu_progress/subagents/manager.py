@@ -30,8 +30,9 @@ class SubagentManager:
 
     The database's ``total_rounds`` is only written at the end of a run, so while this process tracks
     an execution its in-memory round wins; after a restart the row's value is all there is
-    (seed 002 §5.4). A failing query raises: the live card is the one layer that degrades (§5.1).
-    The seed's warning is logged once when the query starts failing, and once when it recovers.
+    (seed 002 §5.4). A failing query lists nothing (§4.1.2, §5.1): the card omits its subagent section
+    until a query works again, rather than keep an older list that would read as current. The seed's
+    warning is logged once when the query starts failing, and once when it recovers.
 
     Attach mode (``subagents/attach.py``) passes the agent's database and tables, and
     ``forget_unlisted=True``: there no finish event is owed to us, so a tracked execution the query no
@@ -77,19 +78,22 @@ class SubagentManager:
         )
 
     async def list_running(self, parent_session_id: int) -> list[SubagentSummary]:
-        """Running BACKGROUND/FOLLOWUP subagents of the parent; raises when the query fails."""
+        """Running BACKGROUND/FOLLOWUP subagents of the parent; none when the query fails."""
         return (await self.list_running_many([parent_session_id]))[parent_session_id]
 
     async def list_running_many(self, parent_session_ids: Iterable[int]) -> dict[int, list[SubagentSummary]]:
-        """The same for many parents in one query; raises when the query fails."""
+        """The same for many parents in one query; none for any of them when the query fails."""
         parents = list(dict.fromkeys(parent_session_ids))
         try:
             grouped = await list_running_by_parents(self._db, parents, self._tables)
         except Exception as exc:
+            # Seed 002 §5.1 says list nothing and warn; we chose that over keeping the last list marked
+            # "may be stale": the seed's intent is that a card never shows a list that may be wrong as
+            # the current one, and an empty section claims nothing. The next working query restores it.
             if not self._failing:
                 logger.warning("Failed to list running subagents: %s", type(exc).__name__)
             self._failing = True
-            raise
+            return {parent: [] for parent in parents}
         if self._failing:
             logger.info("listing running subagents works again")
             self._failing = False

@@ -43,6 +43,16 @@ def fallback_title(child_session_id: int | None, execution_id: int) -> str:
 def running_subagent_title(
     child_title: str | None, task_description: str | None, child_session_id: int | None, execution_id: int
 ) -> str:
-    """The card title of a running subagent: its session title, else its task, else ``子代理 #id``."""
-    from_title = clean_title(strip_auto_prefix(child_title)) if child_title else None
-    return from_title or clean_title(task_description) or fallback_title(child_session_id, execution_id)
+    """The card title of a running subagent: its session title, else its task, else ``子代理 #id``.
+
+    Exactly seed 002 §4.1.2: a non-blank session title is the source even when nothing is left once the
+    auto prefix is gone (``后台子代理(explorer): `` alone gives ``子代理 #id``, not the task). The
+    runtime writes that prefix before the task's first 40 characters, so a bare prefix means the task
+    it was made from was blank too; the description is only for a session with no title at all.
+    """
+    raw: str | None
+    if child_title is not None and child_title.strip():
+        raw = strip_auto_prefix(child_title)
+    else:
+        raw = task_description
+    return clean_title(raw) or fallback_title(child_session_id, execution_id)

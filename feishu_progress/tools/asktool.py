@@ -15,16 +15,17 @@ from feishu_progress.tools.readers import as_mapping, get_str
 from feishu_progress.tools.view_models import AskToolHeadline, AskToolView
 
 ASK_TOOL_NAME = "asktool"
-# Rule 1: a provider namespace is written ``provider__tool`` or ``provider.tool``. A ``plugin:tool`` name
-# belongs to a plugin (a different tool) and ``plugin_asktool`` is another tool's name: neither is stripped.
-_PREFIX_SEPARATORS = ("__", ".")
+# Rule 1: a provider or plugin prefix is removed (``provider__tool``, ``provider.tool``, ``plugin:tool``),
+# then the rest must equal ``asktool``: ``plugin:asktool`` is asktool, ``plugin:asktool_x`` is not, and
+# ``plugin_asktool`` is another tool's whole name (an underscore is no separator).
+_PREFIX_SEPARATORS = ("__", ".", ":")
 SEGMENT_SEPARATOR = "\n---\n"
 ANSWER_SEPARATOR = "、"
 QUESTION_COLON = "："
 
 
 def bare_tool_name(name: str) -> str:
-    """The name without a provider prefix: ``functions.asktool`` / ``mcp__x__asktool`` → ``asktool``."""
+    """The name without a provider/plugin prefix: ``functions.asktool`` / ``plugin:asktool`` → ``asktool``."""
     bare = name.strip()
     for separator in _PREFIX_SEPARATORS:
         bare = bare.rsplit(separator, 1)[-1]
@@ -32,7 +33,7 @@ def bare_tool_name(name: str) -> str:
 
 
 def is_asktool_name(name: Any) -> bool:
-    """True for ``asktool`` itself or a provider-prefixed ``asktool``; never for ``plugin:asktool``."""
+    """True for ``asktool`` itself or a provider- or plugin-prefixed ``asktool`` (``plugin:asktool``)."""
     return isinstance(name, str) and bare_tool_name(name) == ASK_TOOL_NAME
 
 

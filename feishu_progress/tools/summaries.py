@@ -16,8 +16,8 @@ from feishu_progress.tools.line_model import LineState
 from feishu_progress.tools.line_parts import count, failed, failure_of, label, with_detail
 from feishu_progress.tools.previews import input_preview_text, is_write_stdin, raw_str, task_number
 from feishu_progress.tools.readers import as_mapping, get_int, get_list, get_str
-from feishu_progress.tools.view_labels import subagent_status_word, wait_summary_msg
-from feishu_progress.tools.view_parsers import wait_summary
+from feishu_progress.tools.view_labels import wait_summary_msg
+from feishu_progress.tools.view_parsers import parse_ask_answers, parse_subagent_rows, wait_summary
 
 Args = Mapping[str, Any]
 # §3.3: a failed create_scheduled_task line carries the first 20 characters of the task name.
@@ -162,11 +162,11 @@ def _list_tasks(line: Msg, args: Args, node: Any) -> Summary:
 
 
 def _check_subagent(line: Msg, args: Args, node: Any) -> Summary:
-    result = as_mapping(node)
-    listed = result.get("background_subagents")
-    if isinstance(listed, list):
-        return _ok(with_detail(line, count("tool.detail.tasks", len(listed))))
-    return _ok(with_detail(line, subagent_status_word(get_str(result, "status"))))
+    # Seed 000 step 5: the line says ``N 个任务`` for every shape the view reads, the single-object
+    # answer of ``check_subagent(task_id)`` included (one row: ``1 个任务``); its status is in the row.
+    view = parse_subagent_rows("check_subagent", node)
+    rows = _list_len(as_mapping(node), "background_subagents") if view is None else len(view.rows)
+    return _ok(with_detail(line, _counted("tool.detail.tasks", rows)))
 
 
 def _wait_subagents(line: Msg, args: Args, node: Any) -> Summary:
@@ -175,8 +175,10 @@ def _wait_subagents(line: Msg, args: Args, node: Any) -> Summary:
 
 
 def _ask_user_questions(line: Msg, args: Args, node: Any) -> Summary:
-    answers = _list_len(as_mapping(node), "answers")
-    return _ok(with_detail(line, _counted("tool.detail.answers", answers)))
+    # Seed 000 step 4: ``N 组问答`` counts the pairs the view shows (an answer with a blank question is
+    # dropped there), never the raw list's length.
+    view = parse_ask_answers(node)
+    return _ok(with_detail(line, None if view is None else count("tool.detail.answers", len(view.answers))))
 
 
 def _send(line: Msg, args: Args, node: Any) -> Summary:

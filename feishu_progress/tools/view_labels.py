@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from feishu_progress.i18n import Msg, Text
+from feishu_progress.i18n import Msg, Text, plural
 from feishu_progress.i18n.user_text import cut_text
 from feishu_progress.tools.view_models import ImageGridView, SubagentRow, WaitSummary
 
@@ -30,15 +30,15 @@ def image_hidden(view: ImageGridView, limit: int = IMAGE_GRID_LIMIT) -> Msg | No
     total = len(view.items)
     if total <= limit:
         return None
-    return Msg("view.image.more", {"total": total, "hidden": total - limit})
+    return plural("view.image.more", "hidden", {"total": total, "hidden": total - limit})
 
 
 def image_footer(view: ImageGridView) -> Msg:
     """``N 张图 · model · size`` (model and size only when the result names them)."""
     details = " · ".join(part for part in (view.model, view.size) if part)
     if not details:
-        return Msg("view.image.count", {"count": len(view.items)})
-    return Msg("view.image.footer", {"count": len(view.items), "details": details})
+        return plural("view.image.count", "count", {"count": len(view.items)})
+    return plural("view.image.footer", "count", {"count": len(view.items), "details": details})
 
 
 def format_image_bytes(size: int | None) -> str:
@@ -63,9 +63,9 @@ def subagent_stats(row: SubagentRow) -> tuple[Msg, ...]:
     """The parts of ``N 轮 / M 次工具 / X+Y tok`` that the row reports (cards/ joins them with " / ")."""
     parts: list[Msg] = []
     if row.rounds is not None:
-        parts.append(Msg("view.subagents.rounds", {"n": row.rounds}))
+        parts.append(plural("view.subagents.rounds", "n", {"n": row.rounds}))
     if row.tool_calls is not None:
-        parts.append(Msg("view.subagents.tools", {"n": row.tool_calls}))
+        parts.append(plural("view.subagents.tools", "n", {"n": row.tool_calls}))
     if row.prompt_tokens is not None or row.completion_tokens is not None:
         tokens = {"prompt": row.prompt_tokens or 0, "completion": row.completion_tokens or 0}
         parts.append(Msg("view.subagents.tokens", tokens))
@@ -91,4 +91,4 @@ def wait_summary_msg(summary: WaitSummary) -> Msg:
         key = "view.subagents.waitTimeout"
     else:
         key = "view.subagents.waitDone"
-    return Msg(key, {"n": summary.completed})
+    return plural(key, "n", {"n": summary.completed})
