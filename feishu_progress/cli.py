@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -193,10 +193,24 @@ def _serve(settings: Settings) -> int:
         host=settings.bind_host,
         port=settings.http.port,
         access_log=None,
-        print=lambda message: log.info("%s", message),
+        print=_listening(settings),
         shutdown_timeout=30.0,
     )
     return 0
+
+
+def _listening(settings: Settings) -> Callable[[str], None]:
+    """What ``serve`` says once its port listens: in sandbox mode, first of all where the preview is."""
+
+    def announce(message: str) -> None:
+        if settings.feishu.sandbox:
+            from feishu_progress.sandbox.preview import page_url
+
+            url = page_url(settings.bind_host, settings.http.port, token_set=settings.api.token is not None)
+            print(f"sandbox preview (live cards, clickable): {url}", flush=True)  # noqa: T201
+        log.info("%s", message)
+
+    return announce
 
 
 def _refuse_unready_database(settings: Settings) -> None:
