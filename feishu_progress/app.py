@@ -31,12 +31,13 @@ from feishu_progress.db.repo import (
     TaskRepository,
 )
 from feishu_progress.domain import SubagentSummary
-from feishu_progress.errors import ConfigError
+from feishu_progress.errors import ConfigError, StartupRefused
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.holder import DatabaseHolder
 from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
@@ -234,6 +235,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _start(services: Services, stack: AsyncExitStack) -> None:
     feishu_settings = await _feishu_settings(services, stack)
     db = await _open_database(services, stack)
+    if not _clustered(services):  # before anything is re-attached: a second process must not write
+        await _hold_database(services, db, stack)
     _open_agent_database(services, stack)
     client = await FeishuClient.open(
         feishu_settings,
@@ -271,6 +274,14 @@ async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
     stack.push_async_callback(db.close)
     services.db = db
     return db
+
+
+async def _hold_database(services: Services, db: Database, stack: AsyncExitStack) -> None:
+    """Single mode: claim the database for this process, or refuse naming who holds it (holder.py)."""
+    holder = DatabaseHolder(db, services.settings.instance_id)
+    await holder.claim()
+    stack.push_async_callback(holder.release)  # before the database closes
+    services.holder = holder
 
 
 def _open_agent_database(services: Services, stack: AsyncExitStack) -> None:
@@ -392,6 +403,8 @@ def _start_loops(services: Services, service: TaskService) -> None:
     services.background.spawn(service.snapshots.run(stopper), name="persist-snapshots")
     if services.cluster is not None:
         services.cluster.start_loops(stopper)
+    if services.holder is not None:
+        services.background.spawn(services.holder.run(stopper), name="database-holder")
 
 
 def _clustered(services: Services) -> bool:
@@ -426,9 +439,15 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
     admin = AdminApi(admin_deps(services)).app()
-    services.admin_url = await stack.enter_async_context(
-        serving(admin, settings.admin.host, settings.admin.port)
-    )
+    try:
+        services.admin_url = await stack.enter_async_context(
+            serving(admin, settings.admin.host, settings.admin.port)
+        )
+    except OSError as exc:  # busy or not this host's address: the operator's setting, not a bug
+        raise StartupRefused(
+            f"cannot listen on {settings.admin.host}:{settings.admin.port} for the admin listener "
+            f"({exc.strerror or exc}): set FP_ADMIN__PORT to a free port (or FP_ADMIN__HOST)"
+        ) from None
     log.info("admin listener on %s", services.admin_url)
 
 

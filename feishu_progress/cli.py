@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
 from feishu_progress.config import Settings
+from feishu_progress.errors import StartupRefused
 from feishu_progress.logs import configure_logging
 
 log = logging.getLogger("feishu_progress")
+
+# Why a listener cannot bind: in use, not an address of this host, a privileged port.
+PORT_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,14 +193,24 @@ def _serve(settings: Settings) -> int:
     _refuse_unready_database(settings)
     app = create_app(settings)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
-    web.run_app(
-        app,
-        host=settings.bind_host,
-        port=settings.http.port,
-        access_log=None,
-        print=_listening(settings),
-        shutdown_timeout=30.0,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.bind_host,
+            port=settings.http.port,
+            access_log=None,
+            print=_listening(settings),
+            shutdown_timeout=30.0,
+        )
+    except StartupRefused as exc:
+        raise SystemExit(f"feishu-progress: will not serve: {exc}") from None
+    except OSError as exc:  # the admin port is named where it is bound (app.py): this is the public one
+        if exc.errno not in PORT_ERRORS:
+            raise
+        raise SystemExit(
+            f"feishu-progress: will not serve: cannot listen on {settings.bind_host}:{settings.http.port} "
+            f"({exc.strerror or exc}): set FP_HTTP__PORT to a free port (or FP_HTTP__HOST)"
+        ) from None
     return 0
 
 

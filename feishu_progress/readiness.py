@@ -27,6 +27,8 @@ def admin_deps(services: Services) -> AdminDeps:
     if services.settings.redis_url is not None:
         checks["lease"] = lambda: _lease(services)
         degradations["redis"] = lambda: _redis(services)
+    else:
+        checks["database_holder"] = lambda: _holder(services)
     return AdminDeps(
         registry=services.metrics.registry,
         checks=checks,
@@ -34,6 +36,11 @@ def admin_deps(services: Services) -> AdminDeps:
         token=services.settings.admin.token,
         degradations=degradations,
     )
+
+
+async def _holder(services: Services) -> str | None:
+    """Single mode: a process whose database was taken over by another must not look ready."""
+    return None if services.holder is None else services.holder.lost
 
 
 async def _lease(services: Services) -> str | None:
