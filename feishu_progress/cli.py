@@ -20,11 +20,34 @@ log = logging.getLogger("feishu_progress")
 PORT_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
+SERVE_SETTINGS = """the settings that matter first (all: .env.example; meanings: README "Configuration"):
+  FP_DATABASE_URL                          mysql+aiomysql://... (run 'feishu-progress migrate' first)
+                                           or sqlite+aiosqlite:///... (migrates itself)
+  FP_FEISHU__APP_ID, FP_FEISHU__APP_SECRET the app's credentials; unset: the local sandbox, whose
+                                           preview page serve prints once it listens
+  FP_FEISHU__ENCRYPT_KEY, FP_FEISHU__VERIFICATION_TOKEN
+                                           the console's callback keys (webhook mode)
+  FP_FEISHU__MODE                          webhook (POST /feishu/callback) or ws (long connection)
+  FP_PUBLIC_URL                            where Feishu reaches this service
+  FP_API__TOKEN                            bearer token runtimes present on /v1/* (required with Feishu)
+  FP_HTTP__HOST, FP_HTTP__PORT             public listener (default 0.0.0.0:8000; 127.0.0.1 in sandbox)
+  FP_ADMIN__HOST, FP_ADMIN__PORT           admin listener (default 127.0.0.1:8001)
+  FP_REDIS_URL                             cluster mode (several instances on one MySQL)
+check them all with 'feishu-progress doctor' before the first serve."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="feishu-progress", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the bot: callbacks + runtime API + admin listener")
+    sub.add_parser(
+        "serve",
+        help="run the bot: callbacks + runtime API + admin listener",
+        description="Run the bot: Feishu callbacks and the runtime API on FP_HTTP__PORT; health,\n"
+        "readiness and metrics on FP_ADMIN__PORT. Settings come from the environment (and ./.env).",
+        epilog=SERVE_SETTINGS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     migrate = sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
     migrate.add_argument(
         "--revision", default=None, help="target revision (default: head, or base with --down)"
