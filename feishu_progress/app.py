@@ -42,7 +42,7 @@ from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.progress.scheduler import DeliveryScheduler
-from feishu_progress.readiness import admin_deps
+from feishu_progress.readiness import admin_deps, watch_readiness
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
 from feishu_progress.runtime.card_actions import CardActions
@@ -54,6 +54,7 @@ from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.runtime.snapshots import SnapshotStore
 from feishu_progress.services import SERVICES, Services
+from feishu_progress.state_metrics import StateCollector
 from feishu_progress.subagents.attach import agent_tables, open_agent_database
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
@@ -140,6 +141,7 @@ def create_app(
         middlewares=_middlewares(services),
     )
     app[SERVICES] = services
+    services.metrics.registry.register(StateCollector(services))
     services.pipeline = CallbackPipeline(
         _LateActions(services),
         _LateDeduper(services),
@@ -438,7 +440,8 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
 
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
-    admin = AdminApi(admin_deps(services)).app()
+    deps = admin_deps(services)
+    admin = AdminApi(deps).app()
     try:
         services.admin_url = await stack.enter_async_context(
             serving(admin, settings.admin.host, settings.admin.port)
@@ -449,6 +452,8 @@ async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
             f"({exc.strerror or exc}): set FP_ADMIN__PORT to a free port (or FP_ADMIN__HOST)"
         ) from None
     log.info("admin listener on %s", services.admin_url)
+    assert services.stopper is not None
+    services.background.spawn(watch_readiness(deps.checks, services.stopper), name="readiness-gauges")
 
 
 def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:
