@@ -31,17 +31,18 @@ from feishu_progress.db.repo import (
     TaskRepository,
 )
 from feishu_progress.domain import SubagentSummary
-from feishu_progress.errors import ConfigError
+from feishu_progress.errors import ConfigError, StartupRefused
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.holder import DatabaseHolder
 from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.progress.scheduler import DeliveryScheduler
-from feishu_progress.readiness import admin_deps
+from feishu_progress.readiness import admin_deps, watch_readiness
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
 from feishu_progress.runtime.card_actions import CardActions
@@ -53,6 +54,7 @@ from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.runtime.snapshots import SnapshotStore
 from feishu_progress.services import SERVICES, Services
+from feishu_progress.state_metrics import StateCollector
 from feishu_progress.subagents.attach import agent_tables, open_agent_database
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
@@ -139,6 +141,7 @@ def create_app(
         middlewares=_middlewares(services),
     )
     app[SERVICES] = services
+    services.metrics.registry.register(StateCollector(services))
     services.pipeline = CallbackPipeline(
         _LateActions(services),
         _LateDeduper(services),
@@ -234,6 +237,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _start(services: Services, stack: AsyncExitStack) -> None:
     feishu_settings = await _feishu_settings(services, stack)
     db = await _open_database(services, stack)
+    if not _clustered(services):  # before anything is re-attached: a second process must not write
+        await _hold_database(services, db, stack)
     _open_agent_database(services, stack)
     client = await FeishuClient.open(
         feishu_settings,
@@ -271,6 +276,14 @@ async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
     stack.push_async_callback(db.close)
     services.db = db
     return db
+
+
+async def _hold_database(services: Services, db: Database, stack: AsyncExitStack) -> None:
+    """Single mode: claim the database for this process, or refuse naming who holds it (holder.py)."""
+    holder = DatabaseHolder(db, services.settings.instance_id)
+    await holder.claim()
+    stack.push_async_callback(holder.release)  # before the database closes
+    services.holder = holder
 
 
 def _open_agent_database(services: Services, stack: AsyncExitStack) -> None:
@@ -392,6 +405,8 @@ def _start_loops(services: Services, service: TaskService) -> None:
     services.background.spawn(service.snapshots.run(stopper), name="persist-snapshots")
     if services.cluster is not None:
         services.cluster.start_loops(stopper)
+    if services.holder is not None:
+        services.background.spawn(services.holder.run(stopper), name="database-holder")
 
 
 def _clustered(services: Services) -> bool:
@@ -425,11 +440,20 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
 
 async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     settings = services.settings
-    admin = AdminApi(admin_deps(services)).app()
-    services.admin_url = await stack.enter_async_context(
-        serving(admin, settings.admin.host, settings.admin.port)
-    )
+    deps = admin_deps(services)
+    admin = AdminApi(deps).app()
+    try:
+        services.admin_url = await stack.enter_async_context(
+            serving(admin, settings.admin.host, settings.admin.port)
+        )
+    except OSError as exc:  # busy or not this host's address: the operator's setting, not a bug
+        raise StartupRefused(
+            f"cannot listen on {settings.admin.host}:{settings.admin.port} for the admin listener "
+            f"({exc.strerror or exc}): set FP_ADMIN__PORT to a free port (or FP_ADMIN__HOST)"
+        ) from None
     log.info("admin listener on %s", services.admin_url)
+    assert services.stopper is not None
+    services.background.spawn(watch_readiness(deps.checks, services.stopper), name="readiness-gauges")
 
 
 def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:

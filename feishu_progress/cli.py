@@ -4,22 +4,50 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
 from feishu_progress.config import Settings
+from feishu_progress.errors import StartupRefused
 from feishu_progress.logs import configure_logging
 
 log = logging.getLogger("feishu_progress")
+
+# Why a listener cannot bind: in use, not an address of this host, a privileged port.
+PORT_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
+SERVE_SETTINGS = """the settings that matter first (all: .env.example; meanings: README "Configuration"):
+  FP_DATABASE_URL                          mysql+aiomysql://... (run 'feishu-progress migrate' first)
+                                           or sqlite+aiosqlite:///... (migrates itself)
+  FP_FEISHU__APP_ID, FP_FEISHU__APP_SECRET the app's credentials; unset: the local sandbox, whose
+                                           preview page serve prints once it listens
+  FP_FEISHU__ENCRYPT_KEY, FP_FEISHU__VERIFICATION_TOKEN
+                                           the console's callback keys (webhook mode)
+  FP_FEISHU__MODE                          webhook (POST /feishu/callback) or ws (long connection)
+  FP_PUBLIC_URL                            where Feishu reaches this service
+  FP_API__TOKEN                            bearer token runtimes present on /v1/* (required with Feishu)
+  FP_HTTP__HOST, FP_HTTP__PORT             public listener (default 0.0.0.0:8000; 127.0.0.1 in sandbox)
+  FP_ADMIN__HOST, FP_ADMIN__PORT           admin listener (default 127.0.0.1:8001)
+  FP_REDIS_URL                             cluster mode (several instances on one MySQL)
+check them all with 'feishu-progress doctor' before the first serve."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="feishu-progress", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the bot: callbacks + runtime API + admin listener")
+    sub.add_parser(
+        "serve",
+        help="run the bot: callbacks + runtime API + admin listener",
+        description="Run the bot: Feishu callbacks and the runtime API on FP_HTTP__PORT; health,\n"
+        "readiness and metrics on FP_ADMIN__PORT. Settings come from the environment (and ./.env).",
+        epilog=SERVE_SETTINGS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     migrate = sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
     migrate.add_argument(
         "--revision", default=None, help="target revision (default: head, or base with --down)"
@@ -188,15 +216,39 @@ def _serve(settings: Settings) -> int:
     _refuse_unready_database(settings)
     app = create_app(settings)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
-    web.run_app(
-        app,
-        host=settings.bind_host,
-        port=settings.http.port,
-        access_log=None,
-        print=lambda message: log.info("%s", message),
-        shutdown_timeout=30.0,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.bind_host,
+            port=settings.http.port,
+            access_log=None,
+            print=_listening(settings),
+            shutdown_timeout=30.0,
+        )
+    except StartupRefused as exc:
+        raise SystemExit(f"feishu-progress: will not serve: {exc}") from None
+    except OSError as exc:  # the admin port is named where it is bound (app.py): this is the public one
+        if exc.errno not in PORT_ERRORS:
+            raise
+        raise SystemExit(
+            f"feishu-progress: will not serve: cannot listen on {settings.bind_host}:{settings.http.port} "
+            f"({exc.strerror or exc}): set FP_HTTP__PORT to a free port (or FP_HTTP__HOST)"
+        ) from None
     return 0
+
+
+def _listening(settings: Settings) -> Callable[[str], None]:
+    """What ``serve`` says once its port listens: in sandbox mode, first of all where the preview is."""
+
+    def announce(message: str) -> None:
+        if settings.feishu.sandbox:
+            from feishu_progress.sandbox.preview import page_url
+
+            url = page_url(settings.bind_host, settings.http.port, token_set=settings.api.token is not None)
+            print(f"sandbox preview (live cards, clickable): {url}", flush=True)  # noqa: T201
+        log.info("%s", message)
+
+    return announce
 
 
 def _refuse_unready_database(settings: Settings) -> None:

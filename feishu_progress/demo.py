@@ -433,13 +433,16 @@ async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResul
         image_path = workdir / "cat.png"
         image_path.write_bytes(tiny_png())
         async with demo_service(workdir, out) as run:
+            page = f"{run.base_url}/sandbox/?token={API_TOKEN}"
+            if hold is not None:  # first: the page shows the card while the script plays
+                out(f"sandbox preview (live cards, clickable): {page}")
             await _script(run, image_path)
             admin_url = run.services.admin_url if run.services is not None else None
             result = _result(
                 run, run.sandbox, await _metrics_lines(run.http, admin_url), time.monotonic() - started
             )
             if hold is not None:
-                await hold(result, f"{run.base_url}/sandbox/?token={API_TOKEN}")
+                await hold(result, page)
         return result
 
 
@@ -548,8 +551,7 @@ def main(out: Print = print, *, serve: bool = False) -> int:
 
     async def hold(result: DemoResult, page_url: str) -> None:
         _summary(out, result)
-        out(f"\nsandbox preview (live cards, clickable): {page_url}")
-        out("the service, the sandbox and the page keep running: Ctrl-C stops them")
+        out(f"\nthe service, the sandbox and the page ({page_url}) keep running: Ctrl-C stops them")
         await until_stopped()
         out("stopping")
 

@@ -11,6 +11,10 @@ class ConfigError(FeishuProgressError):
     """The configuration cannot work (unknown locale, missing credential outside sandbox...)."""
 
 
+class StartupRefused(FeishuProgressError):
+    """The service will not start; the message is one line naming the setting (or holder) and the fix."""
+
+
 class FeishuAPIError(FeishuProgressError):
     """A Feishu Open API call answered with a non-zero ``code`` or a non-2xx status."""
 

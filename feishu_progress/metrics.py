@@ -89,6 +89,12 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=self.registry,
         )
+        self.readiness_ok = Gauge(
+            "fp_readiness_ok",
+            "1 when the /readyz check passed at its last run (run every 15 s and at each /readyz), else 0.",
+            ["check"],
+            registry=self.registry,
+        )
         self.subagent_cache = Counter(
             "fp_subagent_cache_total",
             "Subagent list lookups at delivery time, served from the 1 s cache (hit) or the database (miss).",

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Mapping
 
 from feishu_progress.db.migrate import migration_state
 from feishu_progress.services import Services
+from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminDeps, ReadinessCheck
+
+log = logging.getLogger(__name__)
 
 DATABASE_PING_SECONDS = 2.0
 MIGRATION_CHECK_SECONDS = 5.0
 TOKEN_CHECK_SECONDS = 5.0
+WATCH_SECONDS = 15.0  # a Prometheus scrape interval: the readiness gauges are never much older
 
 
 def admin_deps(services: Services) -> AdminDeps:
@@ -27,13 +33,48 @@ def admin_deps(services: Services) -> AdminDeps:
     if services.settings.redis_url is not None:
         checks["lease"] = lambda: _lease(services)
         degradations["redis"] = lambda: _redis(services)
+    else:
+        checks["database_holder"] = lambda: _holder(services)
     return AdminDeps(
         registry=services.metrics.registry,
-        checks=checks,
+        checks={name: _recorded(services, name, check) for name, check in checks.items()},
         cards=lambda: live_cards(services),
         token=services.settings.admin.token,
         degradations=degradations,
     )
+
+
+def _recorded(services: Services, name: str, check: ReadinessCheck) -> ReadinessCheck:
+    """The check, its outcome also kept as ``fp_readiness_ok{check=name}`` (what alerts watch)."""
+    gauge = services.metrics.readiness_ok.labels(check=name)
+
+    async def run() -> str | None:
+        try:
+            problem = await check()
+        except BaseException:
+            gauge.set(0)
+            raise
+        gauge.set(0 if problem else 1)
+        return problem
+
+    return run
+
+
+async def watch_readiness(checks: Mapping[str, ReadinessCheck], stopper: Stopper) -> None:
+    """Run the checks every WATCH_SECONDS, so the gauges are fresh when nobody asks /readyz."""
+    while True:
+        for check in checks.values():
+            try:
+                await check()
+            except Exception:  # recorded as not ok; /readyz reports the reason
+                log.debug("readiness check failed", exc_info=True)
+        if not await stopper.pause(WATCH_SECONDS):
+            return
+
+
+async def _holder(services: Services) -> str | None:
+    """Single mode: a process whose database was taken over by another must not look ready."""
+    return None if services.holder is None else services.holder.lost
 
 
 async def _lease(services: Services) -> str | None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from feishu_progress.feishu.client import FeishuClient
     from feishu_progress.feishu.pipeline import CallbackPipeline
     from feishu_progress.feishu.ws import LongConnection
+    from feishu_progress.holder import DatabaseHolder
     from feishu_progress.progress.scheduler import DeliveryScheduler
     from feishu_progress.runtime.card_actions import CardActions
     from feishu_progress.runtime.dedupe import PersistentDeduper
@@ -48,6 +49,7 @@ class Services:
     pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
     long_connection: LongConnection | None = None  # only when FP_FEISHU__MODE=ws
     cluster: ClusterMode | None = None  # only in cluster mode (FP_REDIS_URL)
+    holder: DatabaseHolder | None = None  # only in single mode: this process owns the database
 
     def require_service(self) -> TaskService:
         if self.service is None:

@@ -248,6 +248,10 @@ async def test_retry_revives_a_failed_task(client: TestClient[Any, Any], sandbox
     assert task["status"] == "RUNNING"
 
 
+async def test_the_bare_address_is_404_in_front_of_feishu(client: TestClient[Any, Any]) -> None:
+    assert (await client.get("/", allow_redirects=False)).status == 404  # the sandbox page's lead only
+
+
 async def test_admin_endpoints(client: TestClient[Any, Any]) -> None:
     admin_url = client.app[SERVICES].admin_url
     await _create(client)

@@ -279,6 +279,20 @@ async def test_without_a_token_the_page_is_open(tmp_path: Path, aiohttp_client: 
     assert (await client.get("/sandbox", allow_redirects=False)).headers["Location"] == "/sandbox/"
 
 
+async def test_the_bare_address_leads_to_the_page_keeping_the_token(client: TestClient[Any, Any]) -> None:
+    bare = await client.get("/", allow_redirects=False)
+    assert bare.status == 302 and bare.headers["Location"] == "/sandbox/"  # temporary: see routes()
+    with_token = await client.get(f"/?token={API_TOKEN}", allow_redirects=False)
+    assert with_token.headers["Location"] == f"/sandbox/?token={API_TOKEN}"
+    assert (await client.get(f"/?token={API_TOKEN}")).status == 200  # on to the page, which sets the cookie
+
+
+def test_the_printed_page_url_names_a_reachable_host_and_never_the_token() -> None:
+    assert preview.page_url("0.0.0.0", 8000, token_set=False) == "http://127.0.0.1:8000/sandbox/"
+    assert preview.page_url("::1", 9, token_set=True) == "http://[::1]:9/sandbox/?token=<FP_API__TOKEN>"
+    assert preview.page_url("10.0.0.5", 80, token_set=False) == "http://10.0.0.5:80/sandbox/"
+
+
 def test_no_page_when_talking_to_feishu(tmp_path: Path) -> None:
     settings = sandbox_settings(tmp_path).model_copy(
         update={
@@ -292,6 +306,7 @@ def test_no_page_when_talking_to_feishu(tmp_path: Path) -> None:
         for resource in create_app(settings, registry=CollectorRegistry()).router.resources()
     }
     assert not any(path.startswith("/sandbox") for path in paths)
+    assert "/" not in paths  # the bare address leads nowhere in front of real Feishu (404)
     assert "/feishu/callback" in paths
 
 
@@ -455,7 +470,10 @@ async def test_demo_serve_keeps_the_page_up_until_interrupted() -> None:
     assert process.stdout is not None
     try:
         async with asyncio.timeout(120):
-            url = await _page_url(process.stdout)
+            first = (await process.stdout.readline()).decode()
+            assert "sandbox preview" in first, first  # before the demo plays, not after it
+            url = first[first.index("http://") :].strip()
+            await _line_with(process.stdout, "Ctrl-C stops them")  # the demo has played
             # unsafe: the cookie jar takes cookies from an IP address host (127.0.0.1), as browsers do
             async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
                 async with http.get(url) as page:  # follows the redirect that sets the cookie
@@ -476,11 +494,47 @@ async def test_demo_serve_keeps_the_page_up_until_interrupted() -> None:
             await process.wait()
 
 
-async def _page_url(stdout: asyncio.StreamReader) -> str:
+async def _line_with(stdout: asyncio.StreamReader, text: str) -> str:
     while line := (await stdout.readline()).decode():
-        if "sandbox preview" in line and "http://" in line:
-            return line[line.index("http://") :].strip()
-    raise AssertionError("demo --serve printed no page URL")
+        if text in line:
+            return line
+    raise AssertionError(f"no line with {text!r}")
+
+
+@pytest.mark.slow
+async def test_serve_in_sandbox_mode_prints_the_page_first_once_listening(tmp_path: Path) -> None:
+    from tests.service_process import free_port
+
+    port, admin_port = free_port(), free_port()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FP_")}
+    env.update(
+        PYTHONPATH=str(REPO),
+        FP_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'serve.db'}",
+        FP_HTTP__PORT=str(port),
+        FP_ADMIN__PORT=str(admin_port),
+        FP_API__TOKEN=API_TOKEN,
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "feishu_progress", "serve",
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            first = (await process.stdout.readline()).decode().strip()
+        url = f"http://127.0.0.1:{port}/sandbox/?token=<FP_API__TOKEN>"
+        assert first == f"sandbox preview (live cards, clickable): {url}"  # the hint, never the token
+        async with (
+            aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+            http.get(f"http://127.0.0.1:{port}/?token={API_TOKEN}") as page,
+        ):
+            assert page.status == 200 and "sandbox preview" in (await page.text()).lower()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 def test_demo_without_serve_is_unchanged() -> None:

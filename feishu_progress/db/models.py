@@ -224,3 +224,23 @@ class InstanceLease(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime())
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
     draining: Mapped[bool] = mapped_column(Boolean, server_default=false())
+
+
+class InstanceHolder(Base):
+    """Single mode: the one process that owns this database (at most one row, ``id`` 1).
+
+    ``token`` is the holder's own random claim (exact identity); instance id, host and pid are what a
+    refused second process names. The heartbeat is on the database's clock, so no two hosts' clocks
+    are compared. Cluster mode does not use it (``instance_lease`` is its heartbeat).
+    """
+
+    __tablename__ = "instance_holder"
+    __table_args__ = MYSQL_TABLE_OPTIONS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    token: Mapped[str] = mapped_column(String(64))
+    instance_id: Mapped[str] = mapped_column(String(64))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -51,6 +51,11 @@ class SlidingWindow:
         """Hold one slot for a request starting at ``now``."""
         self._in_flight += 1
 
+    def used(self, now: float) -> int:
+        """Slots held at ``now``: requests in flight and those that ended within the window."""
+        self._prune(now)
+        return len(self._ends) + self._in_flight
+
     def settle(self, end: float) -> None:
         """The request holding a slot ended at ``end``: its slot frees one window later."""
         if self._in_flight > 0:
@@ -123,6 +128,10 @@ class AppBudget:
         """One request counted by ``try_take`` ended at ``end`` (answered, failed or cancelled)."""
         self._second.settle(end)
         self._minute.settle(end)
+
+    def minute_use(self, now: float) -> float:
+        """The share of the per-minute limit held at ``now`` (0..1; what ``/metrics`` reports)."""
+        return self._minute.used(now) / self._minute.limit
 
     def pause_until(self, until: float) -> None:
         """Stop spending until ``until`` (never shortens a longer pause)."""

@@ -117,7 +117,13 @@ class ToolFinishedEvent(_Event):
 
     type: Literal["tool_finished"]
     call_id: Id
-    result: Any = Field(default=None, description="A JSON object or string, exactly as the tool returned it.")
+    result: Any = Field(
+        default=None,
+        description="A JSON object or string, exactly as the tool returned it (a string holding a JSON "
+        "object is read as that object). The call is shown failed when the object has a non-blank "
+        '`"error"` string, or an `"error"` object with a non-blank `"message"` (its first 40 characters '
+        'are the reason), or `"success": false` (failed, no reason).',
+    )
 
     _ids = field_validator("call_id", mode="before")(_id_from_number)
 
@@ -270,7 +276,12 @@ class CreateTaskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # The agent's own session id (the parent id in its database); generated when absent.
-    session_id: int | None = Field(default=None, gt=0, lt=2**63)
+    session_id: int | None = Field(
+        default=None,
+        gt=0,
+        lt=2**63,
+        description="An integer (not text): the agent's own session id; generated when absent.",
+    )
     receive_id: Annotated[str, Field(min_length=1, max_length=_RECEIVE_ID)]
     receive_id_type: Literal["chat_id", "open_id", "user_id", "union_id", "email"]
     requester_open_id: RefId

@@ -3,6 +3,7 @@
 ``mount_preview`` adds these routes to the service's public app, only when a sandbox exists (sandbox
 mode, or the demo's own sandbox handed to ``create_app``):
 
+* ``GET /`` leads to the page (302), so the service's bare address finds it;
 * ``GET /sandbox/`` the page (``?token=<FP_API__TOKEN>`` once sets an HttpOnly cookie), and its static files;
 * ``GET /sandbox/api/messages`` a JSON snapshot; ``GET /sandbox/api/events`` Server-Sent Events: the
   snapshot again, then every message the sandbox reports as changed (``SandboxState.listeners``);
@@ -167,6 +168,8 @@ class PreviewPage:
     def routes(self) -> list[web.RouteDef]:
         guarded = self._guarded
         return [
+            # Temporary (302): the same address serves no page once the service has Feishu credentials.
+            web.get("/", self.lead_to_page),
             web.get(PREFIX, self.redirect),
             web.get(f"{PREFIX}/", self.page),
             web.get(PREFIX + "/static/{name}", guarded(self.static)),
@@ -209,8 +212,10 @@ class PreviewPage:
     # -- the page -------------------------------------------------------------------------------
 
     async def redirect(self, request: web.Request) -> web.StreamResponse:
-        location = f"{PREFIX}/" + (f"?{request.query_string}" if request.query_string else "")
-        return web.Response(status=308, headers={"Location": location})
+        return web.Response(status=308, headers={"Location": _page_location(request)})
+
+    async def lead_to_page(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=302, headers={"Location": _page_location(request)})
 
     async def page(self, request: web.Request) -> web.StreamResponse:
         token = request.query.get("token")
@@ -481,6 +486,18 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     headers.setdefault("Cache-Control", "no-store")
 
 
+def _page_location(request: web.Request) -> str:
+    """The page's address, keeping the query (``?token=`` works on the short addresses too)."""
+    return f"{PREFIX}/" + (f"?{request.query_string}" if request.query_string else "")
+
+
+def page_url(host: str, port: int, *, token_set: bool) -> str:
+    """Where a person on this machine opens the page (what ``serve`` prints in sandbox mode)."""
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # a wildcard is no address to open
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}{PREFIX}/" + ("?token=<FP_API__TOKEN>" if token_set else "")
+
+
 def mount_preview(
     app: web.Application,
     state_of: StateLookup,
@@ -499,4 +516,12 @@ def mount_preview(
     return page
 
 
-__all__ = ["CallbackKeys", "Click", "MessageFeed", "PreviewPage", "callback_keys", "mount_preview"]
+__all__ = [
+    "CallbackKeys",
+    "Click",
+    "MessageFeed",
+    "PreviewPage",
+    "callback_keys",
+    "mount_preview",
+    "page_url",
+]

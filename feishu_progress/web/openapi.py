@@ -47,6 +47,13 @@ offending field on a 422, `retry_after` (and the `Retry-After` header) the secon
 A 503 is a failure on the service's side (Feishu or the database): retry it. Any other method on these
 paths answers 405 `method_not_allowed` with the same body.
 
+**Ids.** `session_id` is an integer (a JSON number) everywhere: `POST /v1/tasks`'s body and answer, and
+`{{session_id}}` in the paths. The other ids in events (`call_id`, `task_id`, `child_session_id`) are text; a
+number sent there is taken as its text.
+
+**A failed tool call** is told by its `tool_finished` `result`: a non-blank `"error"` (a string, or an
+object with a `"message"`) marks it failed with that reason, `"success": false` marks it failed without one.
+
 **Limits.** A request body is at most {MAX_EVENT_BODY} bytes, a batch at most {MAX_EVENTS_PER_BATCH}
 events, an image {MAX_IMAGE_BYTES} bytes; a long-poll waits at most {MAX_WAIT_SECONDS:g} s.
 

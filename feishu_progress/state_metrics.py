@@ -1,0 +1,82 @@
+"""Metrics read off the running app's state when Prometheus scrapes (nothing to keep in step).
+
+What the dashboard (deploy/grafana) and the alert rules (deploy/prometheus) need beyond the counters the
+rooms update as they work: how long the oldest final card state has waited, how much of each Open API's
+per-minute budget is held, and in cluster mode the lease (seconds left, times lost) and the live
+instances; in single mode whether another process took this database over. Collecting only reads
+attributes (no I/O, no await): a scrape never waits on the database or Feishu.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from feishu_progress.services import Services
+
+
+class StateCollector(Collector):
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    def describe(self) -> list[Metric]:
+        return []  # the families depend on the mode and on what has started: nothing to pre-declare
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._delivery()
+        if self._services.cluster is not None:
+            yield from self._cluster()
+        if self._services.holder is not None:
+            yield GaugeMetricFamily(
+                "fp_database_holder_lost",
+                "Single mode: 1 once another process took this database over (this one should stop).",
+                value=1 if self._services.holder.lost else 0,
+            )
+
+    def _delivery(self) -> Iterator[Metric]:
+        services = self._services
+        scheduler, service = services.scheduler, services.service
+        if scheduler is None or service is None:
+            return
+        now = services.clock.monotonic()
+        pending = set(scheduler.pending_message_ids())
+        waiting = [
+            now - task.card.changed_at
+            for task in service.registry
+            if task.card.is_terminal and task.state.message_id in pending
+        ]
+        yield GaugeMetricFamily(
+            "fp_oldest_pending_final_seconds",
+            "Age of the oldest final card state not yet delivered to Feishu (0: none waiting).",
+            value=max(waiting, default=0.0),
+        )
+        use = GaugeMetricFamily(
+            "fp_budget_minute_use_ratio",
+            "Share of this instance's per-minute app budget held now, per Open API (1 = exhausted).",
+            labels=["api"],
+        )
+        use.add_metric(["message_patch"], scheduler.budget.minute_use(now))
+        use.add_metric(["cardkit"], scheduler.cardkit_budget.minute_use(now))
+        yield use
+
+    def _cluster(self) -> Iterator[Metric]:
+        cluster = self._services.cluster
+        assert cluster is not None
+        lease = cluster.lease
+        yield GaugeMetricFamily(
+            "fp_cluster_live_instances",
+            "Instances with a live lease at this instance's last heartbeat (itself included).",
+            value=lease.live_instances(),
+        )
+        yield GaugeMetricFamily(
+            "fp_cluster_lease_seconds_left",
+            "Seconds before this instance stops starting writes unless its lease is renewed (0: lapsed).",
+            value=max(0.0, lease.seconds_left),
+        )
+        yield CounterMetricFamily(
+            "fp_cluster_lease_lost",
+            "Times this instance found its lease had lapsed (paused or cut off) and dropped its cards.",
+            value=lease.lost,
+        )
