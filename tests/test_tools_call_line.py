@@ -15,7 +15,7 @@ from feishu_progress.i18n import CATALOG_LOCALES, Msg, all_messages, translate
 from feishu_progress.tools.call_line import line_for_call, line_for_call_strictly
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.readers import RAW_RESULT_LIMIT
-from feishu_progress.tools.summaries import TOOLS
+from feishu_progress.tools.specs import TOOLS
 from feishu_progress.tools.view_models import (
     AskAnswer,
     AskAnswersView,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from feishu_progress.i18n import Msg
-from feishu_progress.tools.previews import input_preview, input_preview_text
+from feishu_progress.tools.specs import input_preview, input_preview_text
 
 
 @pytest.mark.parametrize(

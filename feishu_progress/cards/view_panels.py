@@ -1,4 +1,6 @@
-"""Rich views under a tool line: image grid, answers, subagent rows, raw result (asktool: asktool_panel).
+"""Rich views under a tool line, one renderer per kind of view (which tool gives which view: tools/specs.py).
+
+Image grid, answers, subagent rows, raw result (asktool: asktool_panel).
 
 Each renderer returns the elements that go inside the tool's collapsible panel. They never hold an
 interactive element, never show raw JSON, and cut long text only with a visible marker.

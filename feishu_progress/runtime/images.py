@@ -24,12 +24,12 @@ from feishu_progress.domain import ToolCall
 from feishu_progress.errors import ImageRefused
 from feishu_progress.images import ImageClient, ImageFetcher, ImageUploads, LocalImages
 from feishu_progress.images.uploads import Load
+from feishu_progress.tools.specs import IMAGE_TOOLS
 from feishu_progress.tools.view_models import ImageItem
 from feishu_progress.tools.view_parsers import parse_image_gen
 
 log = logging.getLogger(__name__)
 
-IMAGE_TOOLS = frozenset({"generate_image", "edit_image"})
 HANDED_OVER_PREFIX = "fpimg:"  # a reference from POST /v1/tasks/{id}/images
 MAX_IMAGES = 9  # the card's grid shows at most 9 per call
 

@@ -5,22 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from feishu_progress.i18n import Msg
+from feishu_progress.tools.specs import TOOLS
 
 MCP_PREFIX = "mcp:"
-_STATIC_TITLES = {
-    "shell": "tool.approval.shell",
-    "write_file": "tool.approval.write_file",
-    "edit_file": "tool.approval.edit_file",
-}
 
 
 def approval_title(tool_name: Any) -> Msg:
-    """shell / write_file / edit_file titles, ``mcp:<server>`` → ``MCP <server> 待审批``, else 操作待审批."""
+    """The title its spec names (shell, write_file, edit_file), ``mcp:<server>`` → ``MCP <server> 待审批``,
+    else 操作待审批."""
     if not isinstance(tool_name, str):
         return Msg("tool.approval.generic")
-    static = _STATIC_TITLES.get(tool_name)
-    if static is not None:
-        return Msg(static)
+    spec = TOOLS.get(tool_name)
+    if spec is not None and spec.approval is not None:
+        return Msg(spec.approval)
     if tool_name.startswith(MCP_PREFIX):
         server = tool_name[len(MCP_PREFIX) :].strip()
         if server:

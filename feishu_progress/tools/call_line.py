@@ -14,25 +14,8 @@ from feishu_progress.i18n.user_text import one_line
 from feishu_progress.tools.asktool import asktool_line, is_asktool_name, parse_asktool, result_text
 from feishu_progress.tools.line_model import LineState, ToolLine
 from feishu_progress.tools.line_parts import failure_of, label
-from feishu_progress.tools.readers import as_mapping, compact_text, get_str, parse_result
-from feishu_progress.tools.summaries import finished_summary, running_summary
-from feishu_progress.tools.view_models import ToolView
-from feishu_progress.tools.view_parsers import parse_ask_answers, parse_image_gen, parse_subagent_rows
-
-# Tools whose result is meant for a rich view: when no view can be built, the raw result is shown.
-VIEW_TOOLS = frozenset(
-    {"generate_image", "edit_image", "ask_user_questions", "check_subagent", "wait_subagents"}
-)
-
-
-def _view_for(name: str, args: Any, node: Any) -> ToolView | None:
-    if name in ("generate_image", "edit_image"):
-        return parse_image_gen(node, fallback_prompt=get_str(as_mapping(args), "prompt"))
-    if name == "ask_user_questions":
-        return parse_ask_answers(node)
-    if name in ("check_subagent", "wait_subagents"):
-        return parse_subagent_rows(name, node)
-    return None
+from feishu_progress.tools.readers import as_mapping, compact_text, parse_result
+from feishu_progress.tools.specs import finished_summary, running_summary, view_for, wants_view
 
 
 def _raw(result: Any) -> str | None:
@@ -45,8 +28,9 @@ def _finished_line(call: ToolCall, name: str) -> ToolLine:
     node = parse_result(call.result)
     summary = finished_summary(name, args, node)
     failed = failure_of(node) is not None
-    view = None if failed else _view_for(name, args, node)
-    wants_raw = summary.show_raw or (name in VIEW_TOOLS and not failed and node is not None)
+    view = None if failed else view_for(name, args, node)
+    # A tool meant for a rich view shows its raw result when no view could be built from it.
+    wants_raw = summary.show_raw or (wants_view(name) and not failed and node is not None)
     raw = _raw(call.result) if view is None and wants_raw else None
     return ToolLine(call.call_id, name, summary.text, summary.state, view=view, raw_result=raw)
 

@@ -1,18 +1,19 @@
 """Input previews: what an in-flight call is working on, from its (possibly partial) arguments.
 
-Seed 000 §3.4 fixes seven cases exactly; the rest are per-tool keys plus a generic fallback. A preview
-is never a loading placeholder: when nothing usable is there yet it is "".
+Seed 000 §3.4 fixes seven cases exactly; the rest are per-tool keys plus a generic fallback (which tool
+uses which preview is said once, in ``tools/specs.py``). A preview is never a loading placeholder: when
+nothing usable is there yet it is "".
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from feishu_progress.i18n import DEFAULT_LOCALE, Msg, Text, translate
+from feishu_progress.i18n import Msg, Text
 from feishu_progress.i18n.user_text import cut_text
-from feishu_progress.tools.readers import as_int, as_mapping, get_str, shorten
+from feishu_progress.tools.readers import as_int, get_str, shorten
 
 # Free text (commands, queries, prompts, task descriptions) is cut for a one-line card header.
 TEXT_LIMIT = 80
@@ -46,12 +47,21 @@ def raw_str(args: Args, key: str) -> str:
     return value if isinstance(value, str) and value.strip() else ""
 
 
-def _update_scheduled(args: Args) -> Text:
+def scheduled_name_preview(args: Args) -> Text:
+    return cut_text(raw_str(args, "name"), NAME_LIMIT, ellipsis="")
+
+
+def no_preview(args: Args) -> Text:
+    """§3.4: nothing in the arguments is worth showing."""
+    return ""
+
+
+def update_scheduled_preview(args: Args) -> Text:
     name = raw_str(args, "name")
     return cut_text(name, NAME_LIMIT, ellipsis="") if name else task_number(args)
 
 
-def _send_file(args: Args) -> Text:
+def send_file_preview(args: Args) -> Text:
     return raw_str(args, "file_name") or raw_str(args, "file")
 
 
@@ -63,38 +73,38 @@ def is_write_stdin(args: Args) -> bool:
     return "command" not in args and ("input" in args or "session_id" in args)
 
 
-def _shell(args: Args) -> Text:
+def shell_preview(args: Args) -> Text:
     key = "input" if is_write_stdin(args) else "command"
     return shorten(raw_str(args, key), TEXT_LIMIT)
 
 
-def _path(args: Args) -> Text:
+def path_preview(args: Args) -> Text:
     return get_str(args, "path", "file_path", "filename")
 
 
-def _pattern(args: Args) -> Text:
+def pattern_preview(args: Args) -> Text:
     return shorten(get_str(args, "pattern", "query", "glob"), TEXT_LIMIT)
 
 
-def _query(args: Args) -> Text:
+def query_preview(args: Args) -> Text:
     return shorten(get_str(args, "query", "q"), TEXT_LIMIT)
 
 
-def _url(args: Args) -> Text:
+def url_preview(args: Args) -> Text:
     return format_url(get_str(args, "url"))
 
 
-def _http(args: Args) -> Text:
+def http_preview(args: Args) -> Text:
     url = format_url(get_str(args, "url"))
     method = cut_text(get_str(args, "method").upper(), METHOD_LIMIT, ellipsis="")
     return f"{method} {url}" if method and url else url
 
 
-def _prompt(args: Args) -> Text:
+def prompt_preview(args: Args) -> Text:
     return shorten(get_str(args, "prompt"), TEXT_LIMIT)
 
 
-def _task_text(args: Args) -> Text:
+def task_text_preview(args: Args) -> Text:
     return shorten(get_str(args, "task", "description", "prompt"), TEXT_LIMIT)
 
 
@@ -105,48 +115,12 @@ def mcp_target(args: Args) -> str:
     return shorten(".".join(part for part in (server, tool) if part), TEXT_LIMIT)
 
 
-def _mcp_describe(args: Args) -> Text:
+def mcp_server_preview(args: Args) -> Text:
     return shorten(get_str(args, "server", "server_name", "serverName"), TEXT_LIMIT)
 
 
-def _image(args: Args) -> Text:
+def image_preview(args: Args) -> Text:
     return raw_str(args, "image")
-
-
-_PREVIEWS: dict[str, Callable[[Args], Text]] = {
-    # seed 000 §3.4, exactly
-    "check_subagent": task_number,
-    "cancel_subagent": task_number,
-    "create_scheduled_task": lambda args: cut_text(raw_str(args, "name"), NAME_LIMIT, ellipsis=""),
-    "update_scheduled_task": _update_scheduled,
-    "delete_scheduled_task": task_number,
-    "send_wechat_image": _image,
-    "send_wechat_file": _send_file,
-    # the Feishu / DingTalk senders take the same keys
-    "feishu_send_image": _image,
-    "dingtalk_send_image": _image,
-    "feishu_send_file": _send_file,
-    "dingtalk_send_file": _send_file,
-    # per-tool previews
-    "shell": _shell,
-    "read_file": _path,
-    "write_file": _path,
-    "edit_file": _path,
-    "glob_search": _pattern,
-    "grep_search": _pattern,
-    "web_search": _query,
-    "open_web_page": _url,
-    "http_call": _http,
-    "generate_image": _prompt,
-    "edit_image": _prompt,
-    "spawn_subagent": _task_text,
-    "subagent_followup": _task_text,
-    "mcp_call": mcp_target,
-    "mcp_describe": _mcp_describe,
-    # §3.4: nothing worth showing
-    "list_scheduled_tasks": lambda args: "",
-    "wait_subagents": lambda args: "",
-}
 
 
 def generic_preview(args: Args) -> Text:
@@ -161,17 +135,3 @@ def generic_preview(args: Args) -> Text:
         if isinstance(value, str) and value.strip():
             return format_url(value) if key == "url" else shorten(value, TEXT_LIMIT)
     return ""
-
-
-def input_preview_text(name: str, args: Any) -> Text:
-    """The preview as card text: a ``Msg`` for ``任务 #N``, raw untrusted text otherwise ("" if none)."""
-    mapping = as_mapping(args)
-    if not mapping:
-        return ""
-    preview = _PREVIEWS.get(name, generic_preview)
-    return preview(mapping)
-
-
-def input_preview(name: str, args: Any, locale: str = DEFAULT_LOCALE) -> str:
-    """The preview rendered for one locale (seed 000 §3.4); "" when the arguments say nothing yet."""
-    return translate(input_preview_text(name, args), locale)
