@@ -22,7 +22,7 @@ from feishu_progress.app import create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import TaskRepository
-from feishu_progress.feishu.retry import RetryPolicy
+from feishu_progress.feishu.retry import FeishuRetryPolicy
 from feishu_progress.runtime.creation import FIRST_CARD_RETRY_AFTER
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.faults
 
 APP_ID, APP_SECRET, API_TOKEN = "cli_faults", "faults-secret", "faults-api-token"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
-ATTEMPTS = RetryPolicy().attempts
+ATTEMPTS = FeishuRetryPolicy().attempts
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 
 Client = TestClient[Any, Any]

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
 from feishu_progress.feishu import FeishuClient
-from feishu_progress.feishu.retry import RetryPolicy
+from feishu_progress.feishu.retry import FeishuRetryPolicy
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeClock, InstantClock
@@ -24,7 +24,7 @@ from tests.fakes import FakeClock, InstantClock
 pytestmark = pytest.mark.faults
 
 APP_ID, APP_SECRET = "cli_retry", "retry-secret"
-POLICY = RetryPolicy()
+POLICY = FeishuRetryPolicy()
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 
 

@@ -24,7 +24,7 @@ import aiohttp
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuProgressError, FeishuTransportError
 from feishu_progress.feishu.errors import TOKEN_CODES
-from feishu_progress.feishu.retry import RetryPolicy, with_retries
+from feishu_progress.feishu.retry import FeishuRetryPolicy, with_retries
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.shared_result import shared_work, wait_shared
 
@@ -104,7 +104,7 @@ class FeishuClient:
         clock: Clock | None = None,
         renew_margin: float = DEFAULT_RENEW_MARGIN_SECONDS,
         pool_limit: int = DEFAULT_POOL_LIMIT,
-        retry: RetryPolicy | None = None,
+        retry: FeishuRetryPolicy | None = None,
         rng: random.Random | None = None,
         instance_id: str | None = None,
         write_timeout: float | None = None,
@@ -124,7 +124,7 @@ class FeishuClient:
         self._pool_limit = pool_limit
         self._session: aiohttp.ClientSession | None = None
         self._clock = clock or SystemClock()
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or FeishuRetryPolicy()
         self._rng = rng or random.Random()
         self.tokens = TokenCache(self._fetch_token, self._clock, renew_margin)
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from feishu_progress.backoff import backoff_delay
 from feishu_progress.feishu.errors import retry_delay
 from feishu_progress.ports import Clock
 
@@ -22,7 +23,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class FeishuRetryPolicy:
     """At most ``attempts`` tries; waits double from ``base_seconds`` (jittered), at most ``max_seconds``."""
 
     attempts: int = 4
@@ -30,12 +31,16 @@ class RetryPolicy:
     max_seconds: float = 2.0
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
-        ceiling: float = min(self.max_seconds, self.base_seconds * 2.0 ** (attempt - 1))
-        return ceiling * rng.uniform(0.5, 1.0)
+        return backoff_delay(attempt, self.base_seconds, self.max_seconds, rng)
 
 
 async def with_retries(
-    call: Callable[[], Awaitable[T]], *, what: str, clock: Clock, policy: RetryPolicy, rng: random.Random
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    clock: Clock,
+    policy: FeishuRetryPolicy,
+    rng: random.Random,
 ) -> T:
     """``await call()``, trying again on transient failures; the last failure is raised."""
     for attempt in range(1, policy.attempts + 1):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from feishu_progress.background import BackgroundTasks
+from feishu_progress.backoff import backoff_delay
 from feishu_progress.config import CardKitSettings, RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
@@ -122,8 +123,7 @@ class BackoffPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (attempt counts from 1)."""
-        ceiling: float = min(self.max_seconds, self.base_seconds * 2.0 ** (attempt - 1))
-        return ceiling * rng.uniform(0.5, 1.0)
+        return backoff_delay(attempt, self.base_seconds, self.max_seconds, rng)
 
     def attempts_for(self, terminal: bool) -> float:
         """How many failed attempts a state gets: a final state never gives up while the process lives."""
