@@ -31,7 +31,6 @@ import hmac
 import json
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -39,6 +38,7 @@ from typing import Any, Literal, Protocol
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from feishu_progress.bounded import BoundedCache
 from feishu_progress.config import Settings
 from feishu_progress.errors import CallbackRejected
 from feishu_progress.i18n import FEISHU_LOCALES, Text, i18n_map, translate
@@ -112,17 +112,25 @@ class CallbackDeduper(Protocol):
     async def first_seen(self, key: str) -> bool: ...
 
 
+# 24 h of keys at two a click (event id and token) is 50,000 clicks a day before the oldest is forgotten
+# early; at ~150 bytes a key that is ~15 MB at most. A redelivery comes within minutes, not a day later.
+DEDUPE_MEMORY_ENTRIES = 100_000
+
+
 class MemoryDeduper:
     """In-process TTL set, bounded in size (the oldest key goes first when full)."""
 
     def __init__(
-        self, ttl_seconds: float, max_entries: int = 100_000, now: Callable[[], float] = time.monotonic
+        self,
+        ttl_seconds: float,
+        max_entries: int = DEDUPE_MEMORY_ENTRIES,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ttl = ttl_seconds
-        self._max_entries = max_entries
         self._now = now
-        # With one TTL for all keys, insertion order is expiry order: expired keys sit at the front.
-        self._expiry: OrderedDict[str, float] = OrderedDict()
+        # key -> expiry. With one TTL for all keys, insertion order is expiry order: expired keys sit at
+        # the front, and a lookup is no use of a key (it must not outlive its TTL by being clicked again).
+        self._expiry: BoundedCache[str, float] = BoundedCache(max_entries, refresh_on_read=False)
 
     def __len__(self) -> int:
         return len(self._expiry)
@@ -133,22 +141,17 @@ class MemoryDeduper:
         self._drop_expired(now)
         if key in self._expiry:
             return False
-        self._expiry[key] = now + self._ttl
-        while len(self._expiry) > self._max_entries:
-            self._expiry.popitem(last=False)
+        self._expiry.put(key, now + self._ttl)
         return True
 
     def remember(self, key: str, expires_in: float) -> None:
         """Record ``key`` as seen for ``expires_in`` more seconds (warming from storage, soonest first)."""
         if expires_in > 0 and key not in self._expiry:
-            self._expiry[key] = self._now() + min(expires_in, self._ttl)
+            self._expiry.put(key, self._now() + min(expires_in, self._ttl))
 
     def _drop_expired(self, now: float) -> None:
-        while self._expiry:
-            key, expires = next(iter(self._expiry.items()))
-            if expires > now:
-                return
-            del self._expiry[key]
+        while (oldest := self._expiry.oldest()) is not None and oldest[1] <= now:
+            self._expiry.pop(oldest[0])
 
 
 async def is_duplicate(deduper: CallbackDeduper, event: CardActionEvent) -> bool:

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from feishu_progress.bounded import BoundedCache
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.images.sniff import require_image
 from feishu_progress.shared_result import fail_all, shared_future, wait_shared
 
-DEFAULT_IMAGE_CACHE_SIZE = 1024
+# sha256 -> image_key, a few hundred bytes an entry: 1024 keys stay under 0.5 MB and cover every image
+# of the last ~110 calls at the card's 9 a call, so a result repeated across rounds or tasks is found.
+IMAGE_KEY_CACHE_ENTRIES = 1024
 DEFAULT_CONCURRENCY = 4
 
 Load = Callable[[], Awaitable[bytes]]
@@ -42,12 +44,11 @@ class ImageUploads:
         client: ImageClient,
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
-        max_entries: int = DEFAULT_IMAGE_CACHE_SIZE,
+        max_entries: int = IMAGE_KEY_CACHE_ENTRIES,
     ) -> None:
         self._client = client
         self._slots = asyncio.Semaphore(concurrency)
-        self._max_entries = max_entries
-        self._keys: OrderedDict[str, str] = OrderedDict()
+        self._keys: BoundedCache[str, str] = BoundedCache(max_entries)  # least recently used leaves first
         self._flights: dict[str, asyncio.Future[str]] = {}
 
     async def upload_image(self, data: bytes) -> str:
@@ -66,7 +67,7 @@ class ImageUploads:
             # On the loop (~18 ms for 10 MB, under one slot): no await between hashing and the lookup,
             # so a second caller with the same bytes always finds the first one's flight or key.
             digest = hashlib.sha256(data).hexdigest()
-            cached = self._cached(digest)
+            cached = self._keys.get(digest)
             if cached is not None:
                 return cached
             flight = self._flights.get(digest)
@@ -85,17 +86,6 @@ class ImageUploads:
             raise
         finally:
             del self._flights[digest]
-        self._remember(digest, image_key)
+        self._keys.put(digest, image_key)
         flight.set_result(image_key)
         return image_key
-
-    def _cached(self, digest: str) -> str | None:
-        image_key = self._keys.get(digest)
-        if image_key is not None:
-            self._keys.move_to_end(digest)
-        return image_key
-
-    def _remember(self, digest: str, image_key: str) -> None:
-        self._keys[digest] = image_key
-        if len(self._keys) > self._max_entries:
-            self._keys.popitem(last=False)
