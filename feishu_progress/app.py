@@ -119,6 +119,9 @@ class _LateDeduper:
             return True
         return await self.services.deduper.first_seen(key)
 
+    async def warm(self) -> int:
+        return 0 if self.services.deduper is None else await self.services.deduper.warm()
+
 
 def create_app(
     settings: Settings,

@@ -56,6 +56,22 @@ class SubagentSource(Protocol):
     ) -> dict[int, list[SubagentSummary]]: ...
 
 
+class Deduper(Protocol):
+    """Remembers keys (a click's event id and callback token) for a while: the one callback dedupe port.
+
+    In memory (``feishu/callback.MemoryDeduper``), memory warmed from and written to the database
+    (``runtime/dedupe.PersistentDeduper``), or shared by every instance (cluster mode's ``ClusterDeduper``).
+    """
+
+    async def first_seen(self, key: str) -> bool:
+        """Record ``key``; True if it was not seen within the dedupe window."""
+        ...
+
+    async def warm(self) -> int:
+        """Load the keys storage still holds (at startup); returns how many."""
+        ...
+
+
 class ImageUploader(Protocol):
     """Uploads image bytes and returns the Feishu image_key."""
 

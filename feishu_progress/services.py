@@ -10,12 +10,11 @@ from aiohttp import web
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import Settings
 from feishu_progress.metrics import Metrics
-from feishu_progress.ports import Clock
+from feishu_progress.ports import Clock, Deduper
 from feishu_progress.waiting import Stopper
 
 if TYPE_CHECKING:
     from feishu_progress.cluster.mode import ClusterMode
-    from feishu_progress.cluster.wiring import ClusterDeduper
     from feishu_progress.db.engine import Database
     from feishu_progress.feishu.client import FeishuClient
     from feishu_progress.feishu.pipeline import CallbackPipeline
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from feishu_progress.holder import DatabaseHolder
     from feishu_progress.progress.scheduler import DeliveryScheduler
     from feishu_progress.runtime.card_actions import CardActions
-    from feishu_progress.runtime.dedupe import PersistentDeduper
     from feishu_progress.runtime.service import TaskService
     from feishu_progress.sandbox.server import RunningSandbox
 
@@ -43,7 +41,7 @@ class Services:
     scheduler: DeliveryScheduler | None = None
     service: TaskService | None = None
     actions: CardActions | None = None
-    deduper: PersistentDeduper | ClusterDeduper | None = None
+    deduper: Deduper | None = None
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection

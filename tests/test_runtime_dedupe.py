@@ -9,6 +9,8 @@ from datetime import datetime
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import CallbackDedupeRepository
+from feishu_progress.feishu.callback import MemoryDeduper
+from feishu_progress.ports import Deduper
 from feishu_progress.runtime.dedupe import PersistentDeduper
 from tests.fakes import FakeClock
 
@@ -63,3 +65,18 @@ async def test_expired_keys_are_not_warmed(db: Database) -> None:
     restarted = PersistentDeduper(CallbackDedupeRepository(db), 60, clock, BackgroundTasks())
     assert await restarted.warm() == 0
     assert await restarted.first_seen("event:old") is True
+
+
+async def test_every_deduper_the_service_uses_answers_the_one_port_alike(db: Database) -> None:
+    # ports.Deduper: the pipeline is handed any of these; a click seen once is a duplicate after, in all.
+    background = BackgroundTasks()
+    dedupers: list[Deduper] = [
+        MemoryDeduper(60, now=FakeClock().monotonic),
+        PersistentDeduper(CallbackDedupeRepository(db), 60, FakeClock(), background),
+    ]
+    for deduper in dedupers:
+        assert await deduper.warm() == 0
+        assert await deduper.first_seen("event:port") is True
+        assert await deduper.first_seen("event:port") is False
+        assert await deduper.first_seen("token:port") is True
+    await background.drain(5)

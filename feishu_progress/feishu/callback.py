@@ -42,6 +42,7 @@ from feishu_progress.bounded import BoundedCache
 from feishu_progress.config import Settings
 from feishu_progress.errors import CallbackRejected
 from feishu_progress.i18n import FEISHU_LOCALES, Text, i18n_map, translate
+from feishu_progress.ports import Deduper
 
 CARD_ACTION_TRIGGER = "card.action.trigger"
 URL_VERIFICATION = "url_verification"
@@ -106,19 +107,13 @@ class ActionHandler(Protocol):
     async def handle(self, event: CardActionEvent) -> CallbackReply: ...
 
 
-class CallbackDeduper(Protocol):
-    """Remembers callback keys; ``first_seen`` records ``key`` and says whether it was new."""
-
-    async def first_seen(self, key: str) -> bool: ...
-
-
 # 24 h of keys at two a click (event id and token) is 50,000 clicks a day before the oldest is forgotten
 # early; at ~150 bytes a key that is ~15 MB at most. A redelivery comes within minutes, not a day later.
 DEDUPE_MEMORY_ENTRIES = 100_000
 
 
 class MemoryDeduper:
-    """In-process TTL set, bounded in size (the oldest key goes first when full)."""
+    """``ports.Deduper`` in process: a TTL set, bounded in size (the oldest key goes first when full)."""
 
     def __init__(
         self,
@@ -134,6 +129,9 @@ class MemoryDeduper:
 
     def __len__(self) -> int:
         return len(self._expiry)
+
+    async def warm(self) -> int:
+        return 0  # nothing stored beyond this process: see runtime/dedupe.py for the warmed one
 
     async def first_seen(self, key: str) -> bool:
         """Record ``key``; True if it was not seen within the TTL."""
@@ -154,7 +152,7 @@ class MemoryDeduper:
             self._expiry.pop(oldest[0])
 
 
-async def is_duplicate(deduper: CallbackDeduper, event: CardActionEvent) -> bool:
+async def is_duplicate(deduper: Deduper, event: CardActionEvent) -> bool:
     """A click is a duplicate if its event id OR its callback token was seen before."""
     # Record both keys even when the first one already says "duplicate", so a redelivery that changes
     # only one of them is still caught next time.

@@ -21,7 +21,6 @@ from typing import Any, Protocol, TypeVar
 
 from feishu_progress.feishu.callback import (
     ActionHandler,
-    CallbackDeduper,
     CallbackReply,
     CardActionEvent,
     is_duplicate,
@@ -29,7 +28,7 @@ from feishu_progress.feishu.callback import (
     render_toast,
 )
 from feishu_progress.i18n import Msg
-from feishu_progress.ports import Clock, SystemClock
+from feishu_progress.ports import Clock, Deduper, SystemClock
 
 REPLY_DEADLINE_SECONDS = 2.5  # Feishu's limit is 3 s; the rest is transport and Feishu's own hop
 ERROR_TOAST = Msg("card.toast.error")
@@ -52,7 +51,7 @@ class CallbackPipeline:
     def __init__(
         self,
         handler: ActionHandler,
-        deduper: CallbackDeduper,
+        deduper: Deduper,
         locales: tuple[str, ...],
         background: TaskSpawner,
         *,

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class PersistentDeduper:
+    """``ports.Deduper``: answered from memory, each new key stored in the background, memory warmed."""
+
     def __init__(
         self, repo: CallbackDedupeRepository, ttl_seconds: int, clock: Clock, background: BackgroundTasks
     ) -> None:
