@@ -16,10 +16,8 @@ from pydantic import SecretStr
 
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError
-from feishu_progress.feishu import client as client_module
-from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.client import INSTANCE_HEADER, FeishuClient
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
-from feishu_progress.sandbox.updates import INSTANCE_HEADER
 from tests import cluster_harness as harness
 from tests.cluster_harness import Cluster
 from tests.fakes import FakeClock
@@ -77,10 +75,6 @@ async def until(condition: Any, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
-
-
-def test_the_client_and_the_sandbox_agree_on_the_header_name() -> None:
-    assert client_module.INSTANCE_HEADER == INSTANCE_HEADER
 
 
 async def test_each_update_names_its_instance_its_times_its_answer_and_the_card_it_showed(

@@ -21,7 +21,6 @@ card text into HTML: card text is untrusted.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -37,13 +36,13 @@ from pydantic import SecretStr
 
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.state import SandboxMessage, SandboxState
-from feishu_progress.web.http import Handler, HttpError, bearer_matches, json_error, read_json
+from feishu_progress.web.callbacks import CALLBACK_PATH
+from feishu_progress.web.http import Handler, HttpError, bearer_matches, json_error, read_json, token_matches
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/sandbox"
 COOKIE = "fp_sandbox_token"
-CALLBACK_PATH = "/feishu/callback"
 DEFAULT_OPERATOR = "ou_sandbox_user"  # who clicks when the message belongs to no task we know
 MAX_SHOWN_MESSAGES = 200  # the newest; a benchmark's sandbox can hold thousands
 FEED_LIMIT = 256  # distinct changed messages waiting for one page before that page is dropped
@@ -181,17 +180,13 @@ class PreviewPage:
 
     # -- access ---------------------------------------------------------------------------------
 
-    def _token_ok(self, presented: str) -> bool:
-        expected = self._token.get_secret_value() if self._token is not None else None
-        return expected is not None and hmac.compare_digest(
-            presented.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape")
-        )
-
     def authorized(self, request: web.Request) -> bool:
         """No token configured, or the request carries it (bearer header or the page's cookie)."""
         if self._token is None:
             return True
-        return bearer_matches(request, self._token) or self._token_ok(request.cookies.get(COOKIE, ""))
+        return bearer_matches(request, self._token) or token_matches(
+            request.cookies.get(COOKIE, ""), self._token
+        )
 
     def _guarded(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
@@ -220,7 +215,7 @@ class PreviewPage:
     async def page(self, request: web.Request) -> web.StreamResponse:
         token = request.query.get("token")
         if token is not None:
-            if not self._token_ok(token):
+            if not token_matches(token, self._token):
                 return json_error(401, "unauthorized", "wrong token")
             # The token leaves the address bar (and the history) at once: only the cookie keeps it.
             response = web.Response(status=303, headers={"Location": f"{PREFIX}/"})

@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-# The header naming the sending instance (feishu/client.py sends it; Feishu ignores unknown headers).
-INSTANCE_HEADER = "X-FP-Instance"
 UPDATE_ENDPOINTS = frozenset({"patch", "card_update", "card_settings", "card_content"})
 
 

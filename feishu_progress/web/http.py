@@ -123,12 +123,17 @@ def _as_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
+def token_matches(presented: str, token: SecretStr | None) -> bool:
+    """Whether ``presented`` is the configured token: the one compare of a secret (constant time)."""
+    return token is not None and hmac.compare_digest(
+        _as_bytes(presented), _as_bytes(token.get_secret_value())
+    )
+
+
 def bearer_matches(request: web.Request, token: SecretStr) -> bool:
-    """Whether the request carries ``Authorization: Bearer <token>`` (constant-time compare)."""
+    """Whether the request carries ``Authorization: Bearer <token>``."""
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(_as_bytes(presented.strip()), _as_bytes(token.get_secret_value()))
+    return scheme.lower() == "bearer" and token_matches(presented.strip(), token)
 
 
 def require_bearer(request: web.Request, token: SecretStr, name: str) -> None:
