@@ -14,7 +14,7 @@ the rows and is what the card shows, so nothing is written. There the runtime se
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.db.times import utc_datetime
@@ -49,7 +49,7 @@ class EventApplier:
         *,
         subagent_rows: SubagentRepository | None,
         manager: SubagentManager,
-        images: ImageKeys,
+        images: Callable[[Task], ImageKeys],
         snapshots: SnapshotStore,
         clock: Clock,
         metrics: Metrics,
@@ -117,7 +117,7 @@ class EventApplier:
                 task.sync_card()
             self._snapshots.mark_dirty(task)
 
-        self._images.collect(call, ready, task.session_id)
+        self._images(task).collect(call, ready, task.session_id)
 
     async def _stored(self, task: Task, work: Awaitable[None]) -> None:
         try:
