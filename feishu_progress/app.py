@@ -317,7 +317,7 @@ async def _open_app(
     return AppContext(
         spec=spec,
         client=client,
-        scheduler=_scheduler(spec, client, clock, services.metrics),
+        scheduler=_scheduler(spec, client, clock, services.metrics.for_app(spec.name)),
         images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
         cardkit_scope=CardKitScope(clock, spec.cardkit.scope_recheck_seconds),
     )

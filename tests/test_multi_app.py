@@ -194,6 +194,10 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
     scheduler = {app.name: app.scheduler for app in client.server.app[SERVICES].apps or ()}
     assert scheduler["research"].breaker.opened_at is not None  # research's breaker, and only research's
     assert scheduler["sales"].breaker.opened_at is None
+    metrics = client.server.app[SERVICES].metrics
+    assert metrics.value("fp_patches_total", {"app": "research", "outcome": "backoff"}) > 0
+    assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "backoff"}) == 0
+    assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "delivered"}) >= 6
     sandboxes["research"].state.faults.clear()
     await _until(lambda: all("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"]), 15)
 
