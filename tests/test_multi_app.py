@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.apps_file import app_specs
+from feishu_progress.client import FeishuProgressClient
 from feishu_progress.config import AdminSettings, ApiSettings, CardSettings, HttpSettings, Settings
+from feishu_progress.embedded import EmbeddedService
 from feishu_progress.errors import ConfigError
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
@@ -69,6 +71,7 @@ async def sandboxes() -> AsyncIterator[dict[str, RunningSandbox]]:
 
 
 def settings_for(tmp_path: Path, sandboxes: Mapping[str, RunningSandbox]) -> Settings:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     apps_file = tmp_path / "apps.toml"
     apps_file.write_text(apps_toml({name: sb.base_url for name, sb in sandboxes.items()}), encoding="utf-8")
     return Settings(
@@ -318,3 +321,21 @@ def test_a_bad_apps_file_stops_the_service_before_it_serves(tmp_path: Path) -> N
 def test_without_an_apps_file_there_is_one_default_app() -> None:
     [spec] = app_specs(Settings(_env_file=None))
     assert spec.name == "default"
+
+
+async def test_the_python_client_and_the_embedded_api_take_app(
+    client: Client, sandboxes: dict[str, RunningSandbox], tmp_path: Path
+) -> None:
+    base_url = str(client.make_url("")).rstrip("/")
+    async with FeishuProgressClient(base_url, API_TOKEN) as fp:
+        created = await fp.create_task(
+            receive_id="oc_1", receive_id_type="chat_id", requester_open_id=REQUESTER, app="sales"
+        )
+    assert created.message_id in sandboxes["sales"].state.messages
+    settings = settings_for(tmp_path / "embedded", sandboxes)
+    async with EmbeddedService(settings, serve_http=False) as embedded:
+        task = await embedded.create_task(
+            receive_id="oc_1", receive_id_type="chat_id", requester_open_id=REQUESTER, app="research"
+        )
+        assert (await embedded.get_task(task.session_id))["app"] == "research"
+    assert task.message_id in sandboxes["research"].state.messages
