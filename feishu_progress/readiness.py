@@ -50,7 +50,7 @@ def _redis(services: Services) -> str | None:
     return None if services.cluster is None else services.cluster.redis_problem()
 
 
-def _per_app(services: Services, problems: dict[str, str | None]) -> str | None:
+def _per_app(problems: dict[str, str | None]) -> str | None:
     """One app: its problem as it was; several: each app's named (``research: ...; sales: ...``)."""
     found = {name: problem for name, problem in problems.items() if problem}
     if not found:
@@ -65,13 +65,13 @@ def _cardkit(services: Services) -> str | None:
     if services.service is None or services.apps is None:
         return None
     creator = services.service.creator
-    return _per_app(services, {app.name: creator.cardkit_problem(app) for app in services.apps})
+    return _per_app({app.name: creator.cardkit_problem(app) for app in services.apps})
 
 
 def _feishu_outage(services: Services) -> str | None:
     if services.apps is None:
         return None
-    return _per_app(services, {app.name: _outage(services, app) for app in services.apps})
+    return _per_app({app.name: _outage(services, app) for app in services.apps})
 
 
 def _outage(services: Services, app: AppContext) -> str | None:
@@ -132,7 +132,7 @@ async def _feishu_token(services: Services) -> str | None:
     assert services.apps is not None
     apps = list(services.apps)
     problems = await asyncio.gather(*(_token_problem(app) for app in apps))
-    return _per_app(services, dict(zip([app.name for app in apps], problems, strict=True)))
+    return _per_app(dict(zip([app.name for app in apps], problems, strict=True)))
 
 
 async def _scheduler(services: Services) -> str | None:

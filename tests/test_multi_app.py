@@ -203,6 +203,8 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
     assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "delivered"}) >= 6
     sandboxes["research"].state.faults.clear()
     await _until(lambda: all("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"]), 15)
+    for sandbox in sandboxes.values():  # each app kept within its own budget: no rate-limit answer
+        assert sandbox.state.responses.get(99991400, 0) == 0 and sandbox.state.responses.get(230020, 0) == 0
 
 
 async def test_a_click_counts_only_on_its_apps_route_and_once(
