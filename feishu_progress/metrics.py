@@ -69,22 +69,26 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
-        self.pending_cards = Gauge(
+        self.app_pending_cards = Gauge(
             "fp_pending_cards",
-            "Cards with a state not yet delivered (in flight or waiting for their turn).",
+            "Cards with a state not yet delivered (in flight or waiting for their turn), by app.",
+            ["app"],
             registry=self.registry,
         )
+        self.pending_cards = self.app_pending_cards.labels(app=DEFAULT_APP)
         self.delivery_staleness = Histogram(
             "fp_delivery_staleness_seconds",
             "Time from a card's newest recorded change to the PATCH that delivered it.",
             buckets=_STALENESS_BUCKETS,
             registry=self.registry,
         )
-        self.breaker_open = Gauge(
+        self.app_breaker_open = Gauge(
             "fp_breaker_open",
-            "1 while the app-wide outage breaker is open (Feishu failing for every card: probing only).",
+            "1 while the app's outage breaker is open (Feishu failing for every card: probing only).",
+            ["app"],
             registry=self.registry,
         )
+        self.breaker_open = self.app_breaker_open.labels(app=DEFAULT_APP)
         self.breaker_transitions = Counter(
             "fp_breaker_transitions_total",
             "Outage breaker openings and closings.",
@@ -161,6 +165,9 @@ class Metrics:
         view = copy.copy(self)
         view.patches = AppLabelled(self.app_patches, app)
         view.rate_limit_hits = AppLabelled(self.app_rate_limit_hits, app)
+        # Gauges each app's scheduler sets on its own: one series per app, never overwritten by another.
+        view.pending_cards = self.app_pending_cards.labels(app=app)
+        view.breaker_open = self.app_breaker_open.labels(app=app)
         return view
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:

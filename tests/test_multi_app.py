@@ -201,6 +201,8 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
     assert metrics.value("fp_patches_total", {"app": "research", "outcome": "backoff"}) > 0
     assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "backoff"}) == 0
     assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "delivered"}) >= 6
+    assert metrics.value("fp_breaker_open", {"app": "research"}) == 1
+    assert metrics.value("fp_breaker_open", {"app": "sales"}) == 0
     sandboxes["research"].state.faults.clear()
     await _until(lambda: all("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"]), 15)
     for sandbox in sandboxes.values():  # each app kept within its own budget: no rate-limit answer
