@@ -58,6 +58,24 @@ def app_specs(settings: Settings, environ: Mapping[str, str] | None = None) -> l
     return specs
 
 
+def referenced_variables(settings: Settings) -> set[str]:
+    """The env var names the apps file's ``*_env`` keys point at (empty when there is no readable file)."""
+    if settings.apps_file is None:
+        return set()
+    try:
+        apps = tomllib.loads(Path(settings.apps_file).read_text(encoding="utf-8")).get("apps")
+    except (OSError, tomllib.TOMLDecodeError):
+        return set()  # the start refuses it with the reason (load_apps_file)
+    tables = apps.values() if isinstance(apps, dict) else ()
+    return {
+        value
+        for table in tables
+        if isinstance(table, dict)
+        for key, value in table.items()
+        if key.endswith("_env") and isinstance(value, str)
+    }
+
+
 def load_apps_file(path: Path, settings: Settings, environ: Mapping[str, str]) -> list[AppSpec]:
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -212,11 +212,12 @@ def _refuse_unready_database(settings: Settings) -> None:
     """
     import os
 
+    from feishu_progress.apps_file import referenced_variables
     from feishu_progress.config import unknown_variables
     from feishu_progress.doctor.checks import Status
     from feishu_progress.doctor.local import database_checks
 
-    for name in unknown_variables(os.environ):
+    for name in unknown_variables(os.environ, referenced_variables(settings)):
         log.warning("%s is not a setting and is ignored (groups take two underscores: FP_API__TOKEN)", name)
     if not settings.database_url.startswith(("mysql", "mariadb")):
         return

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -336,9 +336,12 @@ def setting_names() -> list[str]:
     return names
 
 
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """FP_* variables in ``environ`` that no setting reads (a typo is otherwise silently ignored)."""
-    known = set(setting_names())
+def unknown_variables(environ: Mapping[str, str], referenced: Iterable[str] = ()) -> list[str]:
+    """FP_* variables in ``environ`` that no setting reads (a typo is otherwise silently ignored).
+
+    ``referenced``: names the apps file points at for its secrets (``apps_file.referenced_variables``).
+    """
+    known = set(setting_names()) | {name.upper() for name in referenced}
     return sorted(
         name
         for name in environ

@@ -19,9 +19,16 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
-from feishu_progress.apps_file import app_specs
+from feishu_progress.apps_file import app_specs, referenced_variables
 from feishu_progress.client import FeishuProgressClient
-from feishu_progress.config import AdminSettings, ApiSettings, CardSettings, HttpSettings, Settings
+from feishu_progress.config import (
+    AdminSettings,
+    ApiSettings,
+    CardSettings,
+    HttpSettings,
+    Settings,
+    unknown_variables,
+)
 from feishu_progress.embedded import EmbeddedService
 from feishu_progress.errors import ConfigError
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
@@ -343,3 +350,11 @@ async def test_the_python_client_and_the_embedded_api_take_app(
         )
         assert (await embedded.get_task(task.session_id))["app"] == "research"
     assert task.message_id in sandboxes["research"].state.messages
+
+
+def test_the_env_vars_an_apps_file_names_are_not_reported_as_unknown_settings(tmp_path: Path) -> None:
+    path = tmp_path / "apps.toml"
+    path.write_text(GOOD.replace('"S"', '"FP_APP_A_SECRET"'), encoding="utf-8")
+    settings = Settings(_env_file=None, apps_file=str(path))
+    environ = {"FP_APP_A_SECRET": "x", "K": "k", "FP_APP_A_SECRT": "typo"}
+    assert unknown_variables(environ, referenced_variables(settings)) == ["FP_APP_A_SECRT"]
