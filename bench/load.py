@@ -203,8 +203,7 @@ def _serve_service(
                 settle_after_startup(app)
 
             def counters() -> dict[str, Any]:
-                registry = app[SERVICES].metrics.registry
-                value = registry.get_sample_value
+                value = app[SERVICES].metrics.value  # sums over labels not named (the app of each write)
                 outcomes = ("delivered", "retry_message", "pause_app", "backoff", "stop", "degrade")
                 return {
                     "events": value("fp_events_total") or 0,

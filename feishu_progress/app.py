@@ -9,6 +9,7 @@ Stopping it flushes every pending final card state within a deadline, then close
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -21,6 +22,8 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from feishu_progress.apps import AppContext, AppRegistry, AppSpec, CardKitScope, default_app_name
+from feishu_progress.apps_file import app_specs
 from feishu_progress.config import MAX_IMAGE_BYTES, FeishuSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
@@ -138,7 +141,12 @@ def create_app(
     if problems:
         raise ConfigError("; ".join(problems))
     settings = _with_sandbox_callback_keys(settings)
-    services = Services(settings=settings, clock=clock or SystemClock(), metrics=Metrics(registry))
+    services = Services(
+        settings=settings,
+        clock=clock or SystemClock(),
+        metrics=Metrics(registry),
+        app_specs=app_specs(settings),
+    )
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, MAX_REQUEST_BYTES),
         middlewares=_middlewares(services),
@@ -152,13 +160,17 @@ def create_app(
         services.background,
         clock=services.clock,
     )
-    if settings.feishu.mode == "webhook":  # in ws mode clicks arrive over the long connection only
+    # An app in ws mode has no route: its clicks arrive over the long connection only.
+    webhook_apps = [(spec.name, spec.feishu) for spec in services.app_specs if spec.feishu.mode == "webhook"]
+    if webhook_apps:
         app.router.add_routes(
             callback_routes(
                 services.pipeline,
                 settings,
                 services.clock,
                 observe=services.metrics.callback_latency.observe,
+                apps=webhook_apps,
+                default_app=default_app_name([spec.name for spec in services.app_specs]),
             )
         )
     app.router.add_routes(RuntimeApi(services.require_service).routes())
@@ -167,7 +179,7 @@ def create_app(
         from feishu_progress.cluster.wiring import internal_routes
 
         app.router.add_routes(internal_routes(services))
-    if settings.feishu.sandbox or sandbox is not None:
+    if settings.sandbox_mode or sandbox is not None:
         _mount_preview(app, services, sandbox)
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -196,7 +208,7 @@ def _with_sandbox_callback_keys(settings: Settings) -> Settings:
     reaches the port can forge a click, even when sandbox mode was bound off loopback.
     """
     feishu = settings.feishu
-    if not feishu.sandbox or feishu.encrypt_key is not None or feishu.verification_token is not None:
+    if not settings.sandbox_mode or feishu.encrypt_key is not None or feishu.verification_token is not None:
         return settings
     keys = {
         "encrypt_key": SecretStr(secrets.token_urlsafe(32)),
@@ -238,23 +250,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _start(services: Services, stack: AsyncExitStack) -> None:
-    feishu_settings = await _feishu_settings(services, stack)
+    specs = await _sandboxed(services, stack)
     db = await _open_database(services, stack)
     if not _clustered(services):  # before anything is re-attached: a second process must not write
         await _hold_database(services, db, stack)
     _open_agent_database(services, stack)
-    client = await FeishuClient.open(
-        feishu_settings,
-        clock=services.clock,
-        instance_id=services.settings.instance_id,
-        write_timeout=services.settings.cluster.write_timeout_seconds if _clustered(services) else None,
-    )
-    stack.push_async_callback(client.close)
-    services.client = client
     fetcher = ImageFetcher(services.settings.images)
     await fetcher.open()
     stack.push_async_callback(fetcher.close)
-    service = _build_service(services, db, client, fetcher)
+    apps = AppRegistry([await _open_app(services, spec, fetcher, stack) for spec in specs])
+    services.apps = apps
+    service = _build_service(services, db, apps)
     if _clustered(services):
         from feishu_progress.cluster.wiring import open_cluster
 
@@ -266,8 +272,9 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
         log.info("re-attached %d unfinished task card(s)", restored)
     _start_loops(services, service)
     await _start_admin(services, stack)
-    if services.settings.feishu.mode == "ws":
-        _start_long_connection(services, feishu_settings)
+    for app in apps:
+        if app.feishu.mode == "ws":  # at most one (apps_file.py): lark-oapi allows one per process
+            _start_long_connection(services, app)
 
 
 async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
@@ -311,58 +318,73 @@ def _subagent_manager(services: Services, db: Database) -> SubagentManager:
     return SubagentManager(services.agent_db, tables, forget_unlisted=True)
 
 
-def _scheduler(settings: Settings, client: FeishuClient, clock: Clock, metrics: Metrics) -> DeliveryScheduler:
-    """The one delivery scheduler: PATCHed messages and CardKit card entities, each on its own budget."""
-    message_interval = settings.rate.message_interval_ms / 1000
+async def _open_app(
+    services: Services, spec: AppSpec, fetcher: ImageFetcher, stack: AsyncExitStack
+) -> AppContext:
+    """One app's client, scheduler, image uploads and CardKit fallback (apps.py)."""
+    settings, clock = services.settings, services.clock
+    client = await FeishuClient.open(
+        spec.feishu,
+        clock=clock,
+        instance_id=settings.instance_id,
+        write_timeout=settings.cluster.write_timeout_seconds if _clustered(services) else None,
+    )
+    stack.push_async_callback(client.close)
+    return AppContext(
+        spec=spec,
+        client=client,
+        scheduler=_scheduler(spec, client, clock, services.metrics.for_app(spec.name)),
+        images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
+        cardkit_scope=CardKitScope(clock, spec.cardkit.scope_recheck_seconds),
+    )
+
+
+def _scheduler(spec: AppSpec, client: FeishuClient, clock: Clock, metrics: Metrics) -> DeliveryScheduler:
+    """The app's delivery scheduler: PATCHed messages and CardKit card entities, each on its own budget."""
+    message_interval = spec.rate.message_interval_ms / 1000
     return DeliveryScheduler(
         FeishuCardSink(client, message_interval=message_interval),
         clock=clock,
-        rate=settings.rate,
+        rate=spec.rate,
         metrics=metrics,
-        streams=CardKitWriter(client, settings.cardkit, clock=clock, message_interval=message_interval),
-        cardkit=settings.cardkit,
+        streams=CardKitWriter(client, spec.cardkit, clock=clock, message_interval=message_interval),
+        cardkit=spec.cardkit,
     )
 
 
 def _applier(
-    services: Services, db: Database, manager: SubagentManager, images: ImageKeys, snapshots: SnapshotStore
+    services: Services, db: Database, manager: SubagentManager, apps: AppRegistry, snapshots: SnapshotStore
 ) -> EventApplier:
     return EventApplier(
         # Attach mode stores nothing: the agent's database has the rows (runtime/applier.py).
         subagent_rows=None if services.agent_db is not None else SubagentRepository(db, services.background),
         manager=manager,
-        images=images,
+        images=lambda task: apps.get(task.state.app).images,  # an image key belongs to an app
         snapshots=snapshots,
         clock=services.clock,
         metrics=services.metrics,
     )
 
 
-def _build_service(
-    services: Services, db: Database, client: FeishuClient, fetcher: ImageFetcher
-) -> TaskService:
+def _build_service(services: Services, db: Database, apps: AppRegistry) -> TaskService:
     """The runtime rooms, wired (docs/architecture.md shows the picture)."""
     settings, clock, metrics = services.settings, services.clock, services.metrics
     tasks = TaskRepository(db)
     manager = _subagent_manager(services, db)
     snapshots = SnapshotStore(tasks, clock, services.background)
-    scheduler = _scheduler(settings, client, clock, metrics)
     registry = TaskRegistry(
         settings=settings,
         clock=clock,
-        scheduler=scheduler,
+        apps=apps,
         # Every live card's subagent load goes through one batcher: <= 2 queries/s per process.
         subagents=BatchedSubagentSource(TimedSubagents(manager, metrics), clock, services.background),
         metrics=metrics,
     )
     action_log = ActionLog(ActionRepository(db), clock, services.background)
-    images = ImageKeys.from_settings(settings.images, client, services.background, fetcher)
     service = TaskService(
         registry=registry,
-        creator=TaskCreator(
-            settings=settings, repo=tasks, sender=client, registry=registry, clock=clock, budget=scheduler
-        ),
-        applier=_applier(services, db, manager, images, snapshots),
+        creator=TaskCreator(settings=settings, repo=tasks, apps=apps, registry=registry, clock=clock),
+        applier=_applier(services, db, manager, apps, snapshots),
         snapshots=snapshots,
         action_log=action_log,
         housekeeping=Housekeeping(
@@ -372,12 +394,12 @@ def _build_service(
             stale_after=settings.task.stale_after,
             clock=clock,
         ),
-        images=images,
-        scheduler=scheduler,
+        apps=apps,
         background=services.background,
     )
-    scheduler.listener = service
-    services.scheduler, services.service = scheduler, service
+    for app in apps:
+        app.scheduler.listener = service
+    services.service = service
     services.actions = CardActions(
         tasks=service.task,
         action_log=action_log,
@@ -401,8 +423,9 @@ async def _warm_dedupe(services: Services) -> None:
 
 
 def _start_loops(services: Services, service: TaskService) -> None:
-    assert services.scheduler is not None
-    services.scheduler.start()
+    assert services.apps is not None
+    for app in services.apps:
+        app.scheduler.start()
     services.stopper = stopper = Stopper(services.clock)
     services.background.spawn(service.housekeeping.run(stopper), name="housekeeping")
     services.background.spawn(service.snapshots.run(stopper), name="persist-snapshots")
@@ -416,10 +439,17 @@ def _clustered(services: Services) -> bool:
     return services.settings.redis_url is not None
 
 
-async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuSettings:
+async def _sandboxed(services: Services, stack: AsyncExitStack) -> list[AppSpec]:
+    """The apps to open; in sandbox mode (no credentials, no apps file) the default app is the sandbox's."""
     settings = services.settings
-    if not settings.feishu.sandbox:
-        return settings.feishu
+    if not settings.sandbox_mode:
+        return services.app_specs
+    feishu = await _sandbox_feishu(services, stack)
+    return [dataclasses.replace(spec, feishu=feishu) for spec in services.app_specs]
+
+
+async def _sandbox_feishu(services: Services, stack: AsyncExitStack) -> FeishuSettings:
+    settings = services.settings
     from feishu_progress.sandbox.server import run_sandbox
     from feishu_progress.sandbox.state import SandboxConfig
 
@@ -459,7 +489,7 @@ async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     services.background.spawn(watch_readiness(deps.checks, services.stopper), name="readiness-gauges")
 
 
-def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:
+def _start_long_connection(services: Services, app: AppContext) -> None:
     from feishu_progress.feishu.ws import WsCallbackBridge, start_long_connection
 
     assert services.pipeline is not None
@@ -467,10 +497,12 @@ def _start_long_connection(services: Services, feishu: FeishuSettings) -> None:
         services.pipeline,
         asyncio.get_running_loop(),
         observe=services.metrics.callback_latency.observe,
+        app=app.name,
     )
+    feishu = app.feishu
     secret = feishu.app_secret.get_secret_value() if feishu.app_secret is not None else None
     services.long_connection = start_long_connection(feishu.app_id, secret, feishu.base_url, bridge)
-    log.info("long-connection (ws) receiver started in its own thread")
+    log.info("long-connection (ws) receiver of app %s started in its own thread", app.name)
 
 
 async def _stop_long_connection(services: Services) -> None:
@@ -485,12 +517,13 @@ async def _stop_long_connection(services: Services) -> None:
 
 
 async def _flush_cards(services: Services) -> None:
-    if services.scheduler is None:
+    if services.apps is None:
         return
-    report = await services.scheduler.flush(SHUTDOWN_FLUSH_SECONDS)
-    if not report.complete:
-        log.error("shutdown: %s", report)
-    await services.scheduler.stop()
+    reports = await asyncio.gather(*(app.scheduler.flush(SHUTDOWN_FLUSH_SECONDS) for app in services.apps))
+    for app, report in zip(services.apps, reports, strict=True):
+        if not report.complete:
+            log.error("shutdown: app %s: %s", app.name, report)
+        await app.scheduler.stop()
 
 
 async def _handed_over(services: Services) -> bool:

@@ -117,6 +117,11 @@ def _add_sandbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sandbox.add_argument("--app-id", default=None, help="when set, tokens are issued only for this app")
     sandbox.add_argument("--app-secret", default=None)
     sandbox.add_argument(
+        "--id-prefix",
+        default="sandbox",
+        help="message ids are om_<prefix>_...: two sandboxes playing two apps give distinct ids",
+    )
+    sandbox.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -152,6 +157,7 @@ def _sandbox(args: argparse.Namespace) -> int:
         app_per_minute=args.app_per_minute,
         cardkit_scope=not args.no_cardkit_scope,
         clock_offset_seconds=args.clock_offset,
+        id_prefix=args.id_prefix,
     )
     return run(options, lambda base_url: print(base_url, flush=True))  # noqa: T201
 
@@ -258,11 +264,12 @@ def _refuse_unready_database(settings: Settings) -> None:
     """
     import os
 
+    from feishu_progress.apps_file import referenced_variables
     from feishu_progress.config import unknown_variables
     from feishu_progress.doctor.checks import Status
     from feishu_progress.doctor.local import database_checks
 
-    for name in unknown_variables(os.environ):
+    for name in unknown_variables(os.environ, referenced_variables(settings)):
         log.warning("%s is not a setting and is ignored (groups take two underscores: FP_API__TOKEN)", name)
     if not settings.database_url.startswith(("mysql", "mariadb")):
         return

@@ -167,8 +167,12 @@ class FeishuProgressClient:
         reply_to_message_id: str | None = None,
         locale: str | None = None,
         idempotency_key: str | None = None,
+        app: str | None = None,
     ) -> TaskCreated:
-        """Create a task and send its first card; with ``idempotency_key`` a repeat is the same task."""
+        """Create a task and send its first card; with ``idempotency_key`` a repeat is the same task.
+
+        ``app``: the Feishu/Lark app that sends the card (FP_APPS_FILE); omitted: the default app.
+        """
         body = {
             "receive_id": receive_id,
             "receive_id_type": receive_id_type,
@@ -177,6 +181,7 @@ class FeishuProgressClient:
             "session_id": session_id,
             "reply_to_message_id": reply_to_message_id,
             "locale": locale,
+            "app": app,
         }
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
         sent = {key: value for key, value in body.items() if value is not None}

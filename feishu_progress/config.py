@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -50,6 +50,8 @@ class FeishuSettings(BaseModel):
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
 
+
+DEFAULT_APP = "default"  # the app FP_FEISHU__* defines (the only one without FP_APPS_FILE)
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -256,6 +258,8 @@ class Settings(BaseSettings):
     images: ImagesSettings = ImagesSettings()
     subagents: SubagentsSettings = SubagentsSettings()
     redis_url: str | None = None  # FP_REDIS_URL: cluster mode
+    # FP_APPS_FILE: a TOML file of several Feishu/Lark apps (apps_file.py); none: FP_FEISHU__* only.
+    apps_file: str | None = None
     # FP_PUBLIC_URL: where Feishu reaches this service (the console callback URL: this + /feishu/callback).
     public_url: str | None = None
     instance_id: str = Field(default_factory=default_instance_id, min_length=1, max_length=64)
@@ -263,7 +267,7 @@ class Settings(BaseSettings):
     log_json: bool = False
     log_level: str = "INFO"
 
-    _blank_public = field_validator("public_url", mode="before")(_blank_is_unset)
+    _blank_public = field_validator("public_url", "apps_file", mode="before")(_blank_is_unset)
 
     @field_validator("public_url")
     @classmethod
@@ -273,11 +277,16 @@ class Settings(BaseSettings):
         return value.rstrip("/") if value else None
 
     @property
+    def sandbox_mode(self) -> bool:
+        """No Feishu credentials and no apps file: cards go to an in-process sandbox."""
+        return self.feishu.sandbox and self.apps_file is None
+
+    @property
     def bind_host(self) -> str:
         """FP_HTTP__HOST, else loopback in sandbox mode, else every address."""
         if self.http.host is not None:
             return self.http.host
-        return "127.0.0.1" if self.feishu.sandbox else "0.0.0.0"
+        return "127.0.0.1" if self.sandbox_mode else "0.0.0.0"
 
     def serving_problems(self) -> list[str]:
         """Why this configuration must not serve (an open door by default is not a default we ship)."""
@@ -290,7 +299,7 @@ class Settings(BaseSettings):
         if self.redis_url and self.cluster.lease_seconds <= 2 * self.cluster.heartbeat_seconds:
             problems.append("FP_CLUSTER__LEASE_SECONDS must exceed twice FP_CLUSTER__HEARTBEAT_SECONDS")
         feishu = self.feishu
-        if feishu.sandbox:
+        if self.sandbox_mode:
             if self.bind_host not in LOOPBACK_HOSTS and self.api.token is None:
                 problems.append(
                     f"sandbox mode on FP_HTTP__HOST={self.bind_host} is reachable from the network: "
@@ -299,7 +308,12 @@ class Settings(BaseSettings):
             return problems
         if self.api.token is None:
             problems.append("FP_API__TOKEN is required when talking to Feishu (runtimes must present it)")
-        if feishu.mode == "webhook" and feishu.encrypt_key is None and feishu.verification_token is None:
+        if (
+            not feishu.sandbox  # with an apps file, FP_FEISHU__* may define no app (the file checks its own)
+            and feishu.mode == "webhook"
+            and feishu.encrypt_key is None
+            and feishu.verification_token is None
+        ):
             problems.append(
                 "card callbacks would be unauthenticated: set FP_FEISHU__ENCRYPT_KEY (signed, encrypted "
                 "callbacks; best) or at least FP_FEISHU__VERIFICATION_TOKEN, or use FP_FEISHU__MODE=ws"
@@ -322,9 +336,12 @@ def setting_names() -> list[str]:
     return names
 
 
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """FP_* variables in ``environ`` that no setting reads (a typo is otherwise silently ignored)."""
-    known = set(setting_names())
+def unknown_variables(environ: Mapping[str, str], referenced: Iterable[str] = ()) -> list[str]:
+    """FP_* variables in ``environ`` that no setting reads (a typo is otherwise silently ignored).
+
+    ``referenced``: names the apps file points at for its secrets (``apps_file.referenced_variables``).
+    """
+    known = set(setting_names()) | {name.upper() for name in referenced}
     return sorted(
         name
         for name in environ

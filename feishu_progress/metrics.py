@@ -6,7 +6,30 @@ one process never collide. Rooms that need more collectors add attributes here, 
 
 from __future__ import annotations
 
+import copy
+from typing import Any, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+DEFAULT_APP = "default"  # config.DEFAULT_APP (not imported: metrics has no dependencies)
+
+
+class Labelled(Protocol):
+    """A collector with labels (a Counter, or one app's view of a counter labelled by app)."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Any: ...
+
+
+class AppLabelled:
+    """One app's side of a collector labelled ``app``: ``labels(outcome=...)`` fills ``app`` in."""
+
+    def __init__(self, collector: Counter, app: str) -> None:
+        self._collector = collector
+        self._app = app
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Any:
+        return self._collector.labels(*labelvalues, app=self._app, **labelkwargs)
+
 
 # Staleness is "newest update -> its delivery": mostly the 250 ms pacing, seconds under budget pressure.
 _STALENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -23,41 +46,49 @@ class Metrics:
 
     def _delivery(self) -> None:
         """The delivery scheduler's: card writes, rate limits, staleness, the outage breaker."""
-        self.patches = Counter(
+        # Labelled by app (FP_APPS_FILE; "default" otherwise): each app has its own budgets. The scheduler
+        # of an app sees ``for_app(name)``, whose ``patches`` fills the app label in.
+        self.app_patches = Counter(
             "fp_patches_total",
-            "Card write attempts (PATCH or CardKit) by outcome (delivered, partial: CardKit text only, "
-            "retry_message, pause_app, backoff, stop, degrade).",
-            ["outcome"],
+            "Card write attempts (PATCH or CardKit) by app and outcome (delivered, partial: CardKit text "
+            "only, retry_message, pause_app, backoff, stop, degrade).",
+            ["app", "outcome"],
             registry=self.registry,
         )
-        self.rate_limit_hits = Counter(
+        self.app_rate_limit_hits = Counter(
             "fp_rate_limit_hits_total",
-            "Rate limits Feishu answered: per message (230020) or app-wide gateway (99991400 / 429).",
-            ["kind"],
+            "Rate limits Feishu answered, by app: per message (230020) or app-wide gateway (99991400 / 429).",
+            ["app", "kind"],
             registry=self.registry,
         )
+        self.patches: Labelled = AppLabelled(self.app_patches, DEFAULT_APP)
+        self.rate_limit_hits: Labelled = AppLabelled(self.app_rate_limit_hits, DEFAULT_APP)
         self.delivery_give_ups = Counter(
             "fp_delivery_give_ups_total",
             "Card states the scheduler gave up on (attempts exhausted, card stopped).",
             ["reason"],
             registry=self.registry,
         )
-        self.pending_cards = Gauge(
+        self.app_pending_cards = Gauge(
             "fp_pending_cards",
-            "Cards with a state not yet delivered (in flight or waiting for their turn).",
+            "Cards with a state not yet delivered (in flight or waiting for their turn), by app.",
+            ["app"],
             registry=self.registry,
         )
+        self.pending_cards = self.app_pending_cards.labels(app=DEFAULT_APP)
         self.delivery_staleness = Histogram(
             "fp_delivery_staleness_seconds",
             "Time from a card's newest recorded change to the PATCH that delivered it.",
             buckets=_STALENESS_BUCKETS,
             registry=self.registry,
         )
-        self.breaker_open = Gauge(
+        self.app_breaker_open = Gauge(
             "fp_breaker_open",
-            "1 while the app-wide outage breaker is open (Feishu failing for every card: probing only).",
+            "1 while the app's outage breaker is open (Feishu failing for every card: probing only).",
+            ["app"],
             registry=self.registry,
         )
+        self.breaker_open = self.app_breaker_open.labels(app=DEFAULT_APP)
         self.breaker_transitions = Counter(
             "fp_breaker_transitions_total",
             "Outage breaker openings and closings.",
@@ -135,7 +166,23 @@ class Metrics:
             registry=self.registry,
         )
 
+    def for_app(self, app: str) -> Metrics:
+        """The same collectors, with the ``app`` label of the per-app ones set to ``app``."""
+        view = copy.copy(self)
+        view.patches = AppLabelled(self.app_patches, app)
+        view.rate_limit_hits = AppLabelled(self.app_rate_limit_hits, app)
+        # Gauges each app's scheduler sets on its own: one series per app, never overwritten by another.
+        view.pending_cards = self.app_pending_cards.labels(app=app)
+        view.breaker_open = self.app_breaker_open.labels(app=app)
+        return view
+
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """The current value of one sample (0.0 when absent); handy for tests and admin pages."""
-        sample = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if sample is None else sample
+        """The sum of the samples ``name`` whose labels include ``labels`` (0.0 when none): every app's
+        unless ``labels`` names one; handy for tests and admin pages."""
+        wanted = (labels or {}).items()
+        return sum(
+            sample.value
+            for metric in self.registry.collect()
+            for sample in metric.samples
+            if sample.name == name and wanted <= sample.labels.items()
+        )

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
+from feishu_progress.apps import AppContext
 from feishu_progress.db.migrate import migration_state
 from feishu_progress.services import Services
 from feishu_progress.waiting import Stopper
@@ -27,7 +28,7 @@ def admin_deps(services: Services) -> AdminDeps:
     }
     if services.settings.subagents.attached:
         checks["subagents_database"] = lambda: _agent_database(services)
-    if services.settings.feishu.mode == "ws":
+    if any(spec.feishu.mode == "ws" for spec in services.app_specs):
         checks["long_connection"] = lambda: _long_connection(services)
     degradations = {"feishu": lambda: _feishu_outage(services), "cardkit": lambda: _cardkit(services)}
     if services.settings.redis_url is not None:
@@ -41,6 +42,7 @@ def admin_deps(services: Services) -> AdminDeps:
         cards=lambda: live_cards(services),
         token=services.settings.admin.token,
         degradations=degradations,
+        apps=lambda: app_entries(services),
     )
 
 
@@ -89,20 +91,63 @@ def _redis(services: Services) -> str | None:
     return None if services.cluster is None else services.cluster.redis_problem()
 
 
+def _per_app(problems: dict[str, str | None]) -> str | None:
+    """One app: its problem as it was; several: each app's named (``research: ...; sales: ...``)."""
+    found = {name: problem for name, problem in problems.items() if problem}
+    if not found:
+        return None
+    if len(problems) == 1:
+        return next(iter(found.values()))
+    return "; ".join(f"app {name}: {problem}" for name, problem in found.items())
+
+
 def _cardkit(services: Services) -> str | None:
-    """Streaming is degraded to whole-card PATCHes while the app lacks the CardKit scope."""
-    return None if services.service is None else services.service.creator.cardkit_problem()
+    """Streaming is degraded to whole-card PATCHes while an app lacks the CardKit scope (per app)."""
+    if services.service is None or services.apps is None:
+        return None
+    creator = services.service.creator
+    return _per_app({app.name: creator.cardkit_problem(app) for app in services.apps})
 
 
 def _feishu_outage(services: Services) -> str | None:
-    breaker = None if services.scheduler is None else services.scheduler.breaker
-    if breaker is None or breaker.opened_at is None:
+    if services.apps is None:
+        return None
+    return _per_app({app.name: _outage(services, app) for app in services.apps})
+
+
+def _outage(services: Services, app: AppContext) -> str | None:
+    breaker = app.scheduler.breaker
+    if breaker.opened_at is None:
         return None
     down = services.clock.monotonic() - breaker.opened_at
     return (
         f"outage breaker open for {down:.0f} s: Feishu fails for every card, "
         f"probing every {breaker.probe_interval:g} s"
     )
+
+
+async def app_entries(services: Services) -> dict[str, object]:
+    """``/readyz``'s ``apps``: per app its mode, Open API host, token, CardKit scope and breaker."""
+    if services.apps is None:
+        return {}
+    apps = list(services.apps)
+    tokens = await asyncio.gather(*(_token_problem(app) for app in apps), return_exceptions=True)
+    creator = None if services.service is None else services.service.creator
+    return {
+        app.name: {
+            "mode": app.feishu.mode,
+            "base_url": app.feishu.base_url,
+            "token": "ok" if token is None else (token if isinstance(token, str) else type(token).__name__),
+            "cardkit": None if creator is None else creator.cardkit_problem(app),
+            "outage": _outage(services, app),
+        }
+        for app, token in zip(apps, tokens, strict=True)
+    }
+
+
+async def _token_problem(app: AppContext) -> str | None:
+    ok = await asyncio.wait_for(app.client.token_ok(), TOKEN_CHECK_SECONDS)
+    return None if ok else "tenant token not obtainable"
 
 
 async def _database(services: Services) -> str | None:
@@ -125,14 +170,21 @@ async def _agent_database(services: Services) -> str | None:
 
 
 async def _feishu_token(services: Services) -> str | None:
-    assert services.client is not None
-    ok = await asyncio.wait_for(services.client.token_ok(), TOKEN_CHECK_SECONDS)
-    return None if ok else "tenant token not obtainable"
+    assert services.apps is not None
+    apps = list(services.apps)
+    problems = await asyncio.gather(*(_token_problem(app) for app in apps))
+    return _per_app(dict(zip([app.name for app in apps], problems, strict=True)))
 
 
 async def _scheduler(services: Services) -> str | None:
-    running = services.scheduler is not None and services.scheduler.running
-    return None if running else "delivery scheduler not running"
+    if services.apps is None:
+        return "delivery scheduler not running"
+    stopped = [app.name for app in services.apps if not app.scheduler.running]
+    if not stopped:
+        return None
+    return "delivery scheduler not running" + (
+        "" if len(services.apps) == 1 else f" (apps {', '.join(stopped)})"
+    )
 
 
 async def _long_connection(services: Services) -> str | None:
@@ -155,6 +207,7 @@ def live_cards(services: Services) -> list[dict[str, object]]:
             "message_id": task.state.message_id,
             # cardkit: a card entity whose text streams (its id); patch: the message is PATCHed whole.
             "transport": "patch" if task.state.card_id is None else "cardkit",
+            "app": task.state.app,
             "card_id": task.state.card_id,
             "stopped_reason": task.card.stopped_reason,
             "seconds_since_event": round(now - task.state.last_event_at, 1),

@@ -14,6 +14,7 @@ from feishu_progress.ports import Clock, Deduper
 from feishu_progress.waiting import Stopper
 
 if TYPE_CHECKING:
+    from feishu_progress.apps import AppRegistry, AppSpec
     from feishu_progress.cluster.mode import ClusterMode
     from feishu_progress.db.engine import Database
     from feishu_progress.feishu.client import FeishuClient
@@ -37,17 +38,27 @@ class Services:
     stopper: Stopper | None = None
     db: Database | None = None
     agent_db: Database | None = None  # only in attach mode (FP_SUBAGENTS__DATABASE_URL), read-only
-    client: FeishuClient | None = None
-    scheduler: DeliveryScheduler | None = None
+    app_specs: list[AppSpec] = field(default_factory=list)  # the apps configured (apps_file.py)
+    apps: AppRegistry | None = None  # the apps opened: client, scheduler, images... each (apps.py)
     service: TaskService | None = None
     actions: CardActions | None = None
     deduper: Deduper | None = None
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
-    long_connection: LongConnection | None = None  # only when FP_FEISHU__MODE=ws
+    long_connection: LongConnection | None = None  # only when an app's mode is ws (at most one)
     cluster: ClusterMode | None = None  # only in cluster mode (FP_REDIS_URL)
     holder: DatabaseHolder | None = None  # only in single mode: this process owns the database
+
+    @property
+    def client(self) -> FeishuClient | None:
+        """The default app's client (the only one without FP_APPS_FILE)."""
+        return None if self.apps is None else self.apps.first.client
+
+    @property
+    def scheduler(self) -> DeliveryScheduler | None:
+        """The default app's delivery scheduler (the only one without FP_APPS_FILE)."""
+        return None if self.apps is None else self.apps.first.scheduler
 
     def require_service(self) -> TaskService:
         if self.service is None:

@@ -119,3 +119,34 @@ def test_operators_can_run_alembic_with_the_repository_ini(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert "0001_initial" in result.stderr  # alembic logs "Running upgrade  -> 0001_initial"
     assert database_file.exists()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+async def test_cards_from_before_several_apps_belong_to_the_default_app(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite+aiosqlite:///{tmp_path / 'apps.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("mysql_url")
+    )
+    await downgrade(url, "base")
+    await upgrade(url, "0003_cardkit_and_cluster")
+    database = Database.open(url)
+    try:
+        async with database.engine.begin() as connection:
+            await connection.execute(text("INSERT INTO session (id, title) VALUES (7, 't')"))
+            await connection.execute(
+                text(
+                    "INSERT INTO task_card (session_id, receive_id, receive_id_type, requester_open_id) "
+                    "VALUES (7, 'oc_1', 'chat_id', 'ou_1')"
+                )
+            )
+        await upgrade(url)
+        async with database.engine.connect() as connection:
+            apps = (await connection.execute(text("SELECT app FROM task_card"))).scalars().all()
+        assert apps == ["default"]
+    finally:
+        await database.close()
+        await downgrade(url, "base")
+        await upgrade(url)  # the session-wide MariaDB database stays at head for the other tests

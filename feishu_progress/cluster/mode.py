@@ -32,12 +32,13 @@ from feishu_progress.cluster.lease import LeaseKeeper
 from feishu_progress.cluster.limits import OpenApi
 from feishu_progress.cluster.ownership import Ownership as Owner
 from feishu_progress.cluster.ownership import OwnershipRepository, Taken
-from feishu_progress.config import Settings
+from feishu_progress.config import RateSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.errors import OwnedElsewhere
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
+from feishu_progress.progress.scheduler import DeliveryGate
 from feishu_progress.runtime.service import Claim, TaskService
 from feishu_progress.waiting import Stopper, event_or_timeout
 
@@ -63,15 +64,9 @@ class ClusterMode:
         self.lease = LeaseKeeper(db, settings.instance_id, advertise_url(settings), cluster, clock)
         self.owners = OwnershipRepository(db, settings.instance_id)
         self.redis: aioredis.Redis = connect(settings.redis_url, 0.5)
-        self.budget = SharedBudget.from_url(
-            settings.redis_url,
-            app_id=settings.feishu.app_id or "sandbox",
-            rate=settings.rate,
-            clock=clock,
-            live_instances=self.lease.live_instances,
-            metrics=metrics,
-            probe_interval=REDIS_RETRY_SECONDS,  # back to one shared budget soon after Redis is
-        )
+        self._metrics = metrics
+        self.budget = self._shared_budget(settings.feishu.app_id or "sandbox", settings.rate)
+        self._app_gates: list[AppGate] = []
         self.forwarder = Forwarder(
             settings.instance_id,
             request_timeout=cluster.lease_seconds,  # a paused owner's lease runs out meanwhile
@@ -80,6 +75,26 @@ class ClusterMode:
         self.service: TaskService | None = None
         self._redis_problem: str | None = None
         self._scan_now = asyncio.Event()
+
+    def _shared_budget(self, app_id: str, rate: RateSettings) -> SharedBudget:
+        assert self._settings.redis_url is not None
+        return SharedBudget.from_url(
+            self._settings.redis_url,
+            app_id=app_id,  # the Redis keys are per app_id: each app has its own Open API budgets
+            rate=rate,
+            clock=self._clock,
+            live_instances=self.lease.live_instances,
+            metrics=self._metrics,
+            probe_interval=REDIS_RETRY_SECONDS,  # back to one shared budget soon after Redis is
+        )
+
+    def gate_for(self, app_id: str | None, rate: RateSettings) -> DeliveryGate:
+        """The scheduler gate of one app: this instance's lease and that app's shared budget."""
+        if (app_id or "sandbox") == (self._settings.feishu.app_id or "sandbox"):
+            return self
+        gate = AppGate(self.lease, self._shared_budget(app_id or "sandbox", rate), self._background)
+        self._app_gates.append(gate)
+        return gate
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -114,6 +129,8 @@ class ClusterMode:
             await self.lease.remove()
         await self.forwarder.close()
         await self.budget.aclose()
+        for gate in self._app_gates:
+            await gate.budget.aclose()
         await self.redis.aclose()
 
     # -- Ownership (for the task service) -----------------------------------------------------------
@@ -147,13 +164,7 @@ class ClusterMode:
     # -- DeliveryGate (for the scheduler) -----------------------------------------------------------
 
     async def enter(self, api: str, *, urgent: bool) -> object | None:
-        if not self.lease.can_write():
-            return None
-        grant = await self.budget.acquire(OpenApi(api), urgent=urgent)
-        if not self.lease.can_write():  # the wait for the budget outlasted the lease
-            self.budget.settle(grant)
-            return None
-        return grant
+        return await _enter(self.lease, self.budget, api, urgent)
 
     def leave(self, grant: object) -> None:
         self.budget.settle(grant)  # type: ignore[arg-type]
@@ -280,3 +291,31 @@ def advertise_url(settings: Settings) -> str:
 
 
 __all__ = ["ClusterMode", "advertise_url"]
+
+
+async def _enter(lease: LeaseKeeper, budget: SharedBudget, api: str, urgent: bool) -> object | None:
+    if not lease.can_write():
+        return None
+    grant = await budget.acquire(OpenApi(api), urgent=urgent)
+    if not lease.can_write():  # the wait for the budget outlasted the lease
+        budget.settle(grant)
+        return None
+    return grant
+
+
+class AppGate:
+    """The DeliveryGate of an app other than the default: the same lease, the app's own shared budget."""
+
+    def __init__(self, lease: LeaseKeeper, budget: SharedBudget, background: BackgroundTasks) -> None:
+        self._lease = lease
+        self.budget = budget
+        self._background = background
+
+    async def enter(self, api: str, *, urgent: bool) -> object | None:
+        return await _enter(self._lease, self.budget, api, urgent)
+
+    def leave(self, grant: object) -> None:
+        self.budget.settle(grant)  # type: ignore[arg-type]
+
+    def paused(self, api: str, seconds: float) -> None:
+        self._background.spawn(self.budget.pause(OpenApi(api), seconds), name="cluster-budget-pause")

@@ -8,6 +8,7 @@ the instance that writes it, and ``/internal/v1/clicks`` where that instance tak
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -43,7 +44,8 @@ async def open_cluster(services: Services, db: Database, service: TaskService, s
     service.applier.durable = True
     service.snapshots.owner = settings.instance_id
     service.snapshots.on_lost = service.drop_local
-    service.scheduler.gate = cluster
+    for app in service.apps:  # each app's writes go through its own shared budget (Redis keys per app_id)
+        app.scheduler.gate = cluster.gate_for(app.feishu.app_id, app.spec.rate)
     service.creator.owner = settings.instance_id
     service.action_log.recorded = cluster.nudge
     service.action_log.poll_interval = ACTIONS_LONG_POLL_SECONDS
@@ -139,10 +141,13 @@ def internal_routes(services: Services) -> list[web.RouteDef]:
 
 async def stop_cluster(services: Services) -> bool:
     """Graceful stop with live peers: hand the cards over instead of flushing them; False: not done."""
-    cluster, scheduler, service = services.cluster, services.scheduler, services.service
-    if cluster is None or scheduler is None or service is None or cluster.lease.live_instances() < 2:
+    cluster, apps, service = services.cluster, services.apps, services.service
+    if cluster is None or apps is None or service is None or cluster.lease.live_instances() < 2:
         return False
-    in_flight = await scheduler.stop_and_report(services.settings.cluster.write_timeout_seconds)
+    wait = services.settings.cluster.write_timeout_seconds
+    in_flight: set[str] = set()
+    for flights in await asyncio.gather(*(app.scheduler.stop_and_report(wait) for app in apps)):
+        in_flight |= flights
     await service.snapshots.flush()
     released = await cluster.hand_over(in_flight)
     log.info(

@@ -184,6 +184,8 @@ class TaskCard(TimestampMixin, Base):
     # (a CardKit sequence is fence << 20 | n, so Feishu refuses a writer from an older epoch).
     owner_instance: Mapped[str | None] = mapped_column(String(64), index=True)
     fence: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    # The Feishu/Lark app (FP_APPS_FILE) that sent the card and writes it; rows from before: "default".
+    app: Mapped[str] = mapped_column(String(64), server_default=text("'default'"))
 
 
 class TaskAction(Base):

@@ -73,6 +73,7 @@ class TaskRecord:
     fence: int = 0
     owner_instance: str | None = None
     card_id: str | None = None  # the CardKit card entity (None: the message is PATCHed whole)
+    app: str = "default"  # the Feishu/Lark app the card belongs to
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class NewTask:
     session_id: int | None = None  # the runtime's own id; generated when None
     idempotency_key: str | None = None
     owner_instance: str | None = None  # cluster mode: the instance that creates it writes it (fence 1)
+    app: str = "default"  # the Feishu/Lark app that sends and writes the card
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
         fence=int(card.fence or 0),
         owner_instance=card.owner_instance,
         card_id=card.card_id if card.transport == CARDKIT_TRANSPORT else None,
+        app=card.app,
     )
 
 
@@ -157,6 +160,7 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
         idempotency_key=None if task.idempotency_key is None else storable_key(task.idempotency_key),
         owner_instance=task.owner_instance,
         fence=1 if task.owner_instance else 0,
+        app=task.app,
     )
 
 

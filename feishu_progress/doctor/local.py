@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
+from feishu_progress.apps_file import referenced_variables
 from feishu_progress.config import Settings, unknown_variables
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import migration_state
@@ -35,7 +36,7 @@ def config_checks(settings: Settings, environ: Mapping[str, str]) -> list[Check]
     ]
     if not checks:
         checks.append(ok("config.serving", "every setting parsed; no unsafe combination"))
-    unknown = unknown_variables(environ)
+    unknown = unknown_variables(environ, referenced_variables(settings))
     if unknown:
         checks.append(
             warn(

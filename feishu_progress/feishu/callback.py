@@ -39,7 +39,8 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from feishu_progress.bounded import BoundedCache
-from feishu_progress.config import Settings
+from feishu_progress.config import DEFAULT_APP as DEFAULT_APP_NAME
+from feishu_progress.config import FeishuSettings, Settings
 from feishu_progress.errors import CallbackRejected
 from feishu_progress.i18n import FEISHU_LOCALES, Text, i18n_map, translate
 from feishu_progress.ports import Deduper
@@ -85,6 +86,8 @@ class CardActionEvent:
     checked: bool | None = None
     create_time: float | None = None  # epoch seconds, from header.create_time
     tenant_key: str | None = None
+    # The app whose callback route (or long connection) carried the click; None: not known (tests).
+    app: str | None = None
 
 
 Parsed = UrlVerification | CardActionEvent
@@ -156,8 +159,11 @@ async def is_duplicate(deduper: Deduper, event: CardActionEvent) -> bool:
     """A click is a duplicate if its event id OR its callback token was seen before."""
     # Record both keys even when the first one already says "duplicate", so a redelivery that changes
     # only one of them is still caught next time.
-    new_event = await deduper.first_seen(f"event:{event.event_id}")
-    new_token = await deduper.first_seen(f"token:{event.token}")
+    # Per app (the default app's keys stay as they were): a click refused on another app's route must
+    # not use up the key of the same click on the right route.
+    scope = "" if event.app in (None, DEFAULT_APP_NAME) else f"{event.app}:"
+    new_event = await deduper.first_seen(f"{scope}event:{event.event_id}")
+    new_token = await deduper.first_seen(f"{scope}token:{event.token}")
     return not (new_event and new_token)
 
 
@@ -185,13 +191,23 @@ def decrypt(encrypt_key: str, encrypted_b64: str) -> bytes:
         raise CallbackRejected(400, UNDECRYPTABLE) from exc
 
 
-def parse_callback(raw_body: bytes, headers: Mapping[str, str], settings: Settings, now: float) -> Parsed:
-    """Verify and parse one webhook request; raises ``CallbackRejected`` with the status to answer."""
+def parse_callback(
+    raw_body: bytes,
+    headers: Mapping[str, str],
+    settings: Settings,
+    now: float,
+    keys: FeishuSettings | None = None,
+) -> Parsed:
+    """Verify and parse one webhook request; raises ``CallbackRejected`` with the status to answer.
+
+    ``keys``: the app whose route this is (its Encrypt Key and token only); default ``settings.feishu``.
+    """
     if len(raw_body) > settings.callback.max_body_bytes:
         raise CallbackRejected(413, "body too large")
     lower_headers = {name.lower(): value for name, value in headers.items()}
-    encrypt_key = _secret(settings.feishu.encrypt_key)
-    verification_token = _secret(settings.feishu.verification_token)
+    keys = settings.feishu if keys is None else keys
+    encrypt_key = _secret(keys.encrypt_key)
+    verification_token = _secret(keys.verification_token)
     if not encrypt_key and not verification_token:
         raise CallbackRejected(401, "callbacks are not configured: no Encrypt Key and no verification token")
     signed = _has_signature(lower_headers)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -78,8 +79,10 @@ class WsCallbackBridge:
         observe: Callable[[float], None] | None = None,
         grace: float = 0.4,
         clock: Callable[[], float] = time.monotonic,
+        app: str | None = None,
     ) -> None:
         self._pipeline = pipeline
+        self._app = app  # the app whose connection this is: its clicks count for its cards only
         self._loop = loop
         self._observe = observe
         # The pipeline answers within its own deadline; the grace only covers a service loop too
@@ -108,7 +111,7 @@ class WsCallbackBridge:
 
     def _answer(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            event = event_from_payload(payload)
+            event = dataclasses.replace(event_from_payload(payload), app=self._app)
         except CallbackRejected as rejected:
             log.warning("ws card action rejected: %r", rejected.reason)
             return self._pipeline.error_body()

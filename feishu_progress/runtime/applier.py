@@ -14,7 +14,7 @@ the rows and is what the card shows, so nothing is written. There the runtime se
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.db.times import utc_datetime
@@ -49,7 +49,7 @@ class EventApplier:
         *,
         subagent_rows: SubagentRepository | None,
         manager: SubagentManager,
-        images: ImageKeys,
+        images: Callable[[Task], ImageKeys],
         snapshots: SnapshotStore,
         clock: Clock,
         metrics: Metrics,
@@ -122,7 +122,7 @@ class EventApplier:
             task.sync_card()
 
         # Until settled, the card says these images are on their way rather than unreachable.
-        uploading = self._images.collect(call, ready, task.session_id, settled=settled)
+        uploading = self._images(task).collect(call, ready, task.session_id, settled=settled)
         task.state.images_on_their_way(uploading)
 
     async def _stored(self, task: Task, work: Awaitable[None]) -> None:

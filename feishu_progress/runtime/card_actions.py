@@ -114,7 +114,7 @@ class CardActions:
             return await self._at_owner(elsewhere.address, click, event)
         except NotWritableHere:
             return await self._record_only(click, event)
-        if task is None:
+        if task is None or not _same_app(task.state, event):
             return _toast("error", "card.toast.unknown_task")
         if task.state.message_id and event.message_id and event.message_id != task.state.message_id:
             return _toast("error", "card.toast.expired")
@@ -140,7 +140,7 @@ class CardActions:
         The answer is a toast only: this instance does not write the card, so it sends no card either.
         """
         state = None if self._saved_state is None else await self._saved_state(click.session_id)
-        if state is None:
+        if state is None or not _same_app(state, event):
             return _toast("error", "card.toast.unknown_task")
         if not self._may_act(state, event):
             return _toast("error", "card.toast.not_requester")
@@ -189,6 +189,19 @@ class CardActions:
         task.sync_card()  # the reply carries the new card; the scheduler brings every viewer up to date
         self._snapshots.mark_dirty(task)
         return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
+
+
+def _same_app(state: TaskState, event: CardActionEvent) -> bool:
+    """A click counts only on the route of the app that sent the card (its keys verified it)."""
+    if event.app is None or event.app == state.app:
+        return True
+    log.warning(
+        "click on task %s refused: it came by app %r, the card is app %r's",
+        state.session_id,
+        event.app,
+        state.app,
+    )
+    return False
 
 
 # -- what each click means (pure reads of the state; changes go through TaskState methods) --------------

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from feishu_progress.apps import AppContext, AppRegistry
 from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.config import Settings
 from feishu_progress.db.repo import MAX_REF_LENGTH, NewTask, TaskRecord, TaskRepository
@@ -37,26 +36,6 @@ from feishu_progress.runtime.state import TaskState
 log = logging.getLogger(__name__)
 
 FIRST_CARD_RETRY_AFTER = 2  # seconds a runtime should wait before creating again when Feishu failed
-
-
-class CardSender(Protocol):
-    """Sends the first card of a task (the Feishu client satisfies it)."""
-
-    async def send_card(
-        self, receive_id: str, receive_id_type: str, card: dict[str, Any], uuid: str
-    ) -> str: ...
-
-    async def reply_card(
-        self, message_id: str, card: dict[str, Any], uuid: str, in_thread: bool = False
-    ) -> str: ...
-
-    async def create_card_entity(self, card: Mapping[str, Any]) -> str: ...
-
-
-class Admission(Protocol):
-    """Paces calls within their API's app budget (the delivery scheduler's ``admit``)."""
-
-    def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,22 +56,20 @@ class TaskCreator:
         *,
         settings: Settings,
         repo: TaskRepository,
-        sender: CardSender,
+        apps: AppRegistry,
         registry: TaskRegistry,
         clock: Clock,
-        budget: Admission | None = None,
     ) -> None:
         self._settings = settings
-        self._budget = budget
+        self._apps = apps
         self._repo = repo
-        self._sender = sender
         self._registry = registry
         self._clock = clock
         self.owner: str | None = None  # cluster mode: this instance's id; it writes what it creates
-        self._no_cardkit_until = -1.0  # monotonic: the app lacked the CardKit scope, PATCH until then
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
-        """Create the task and send its first card (raises TaskConflict, FirstCardFailed)."""
+        """Create the task and send its first card (raises TaskConflict, FirstCardFailed, UnknownApp)."""
+        app = self._apps.resolve(request.app)
         if idempotency_key is not None:
             earlier = await self._repo.find_by_idempotency_key(idempotency_key)
             if earlier is not None:
@@ -100,7 +77,7 @@ class TaskCreator:
         now = self._clock.wall()
         try:
             session_id = await self._repo.create_task(
-                _new_task(request, idempotency_key, utc_datetime(now), self.owner)
+                _new_task(request, app.name, idempotency_key, utc_datetime(now), self.owner)
             )
         except TaskConflict:
             if idempotency_key is None:
@@ -116,6 +93,7 @@ class TaskCreator:
             receive_id_type=request.receive_id_type,
             title=request.title,
             locale=request.locale,
+            app=app.name,
             started_at=now,
             last_event_at=now,
             fence=1 if self.owner is not None else 0,
@@ -133,15 +111,16 @@ class TaskCreator:
             card_context(self._settings, state, "").model(CardState(), (), self._clock.wall())
         )
         uuid = first_card_uuid(state.session_id, key)
+        app = self._apps.get(state.app)
         try:
             if state.card_id is None:
-                state.card_id = await self._card_entity(state.session_id, first)
+                state.card_id = await self._card_entity(app, state.session_id, first)
             content = first if state.card_id is None else card_reference(state.card_id)
-            async with self._paced("reply" if reply_to else "send"):
+            async with app.scheduler.admit("reply" if reply_to else "send"):
                 if reply_to:
-                    message_id = await self._sender.reply_card(reply_to, content, uuid)
+                    message_id = await app.client.reply_card(reply_to, content, uuid)
                 else:
-                    message_id = await self._sender.send_card(
+                    message_id = await app.client.send_card(
                         state.receive_id, state.receive_id_type, content, uuid
                     )
         except FeishuProgressError as exc:
@@ -152,22 +131,23 @@ class TaskCreator:
         self._registry.attach(state)
         return CreatedTask(state.session_id, message_id)
 
-    async def _card_entity(self, session_id: int, first: dict[str, Any]) -> str | None:
+    async def _card_entity(self, app: AppContext, session_id: int, first: dict[str, Any]) -> str | None:
         """A CardKit card entity showing ``first`` (streaming), saved on the task; None: PATCH this task."""
-        if self._settings.card.transport != "cardkit" or self._clock.monotonic() < self._no_cardkit_until:
+        if self._settings.card.transport != "cardkit" or not app.cardkit_scope.allowed():
             return None
         cardkit = self._settings.cardkit
         try:
-            async with self._paced("card_create"):
-                card_id = await self._sender.create_card_entity(
+            async with app.scheduler.admit("card_create"):
+                card_id = await app.client.create_card_entity(
                     entity_card(first, streams=True, typewriter=streaming_config(cardkit))
                 )
         except FeishuAPIError as exc:
             if exc.code == CARDKIT_SCOPE_MISSING:
-                self._no_cardkit_until = self._clock.monotonic() + cardkit.scope_recheck_seconds
+                app.cardkit_scope.refused()
                 log.warning(
-                    "the app lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
+                    "app %s lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
                     "CardKit is tried again in %.0f s",
+                    app.name,
                     cardkit.scope_recheck_seconds,
                 )
             else:
@@ -184,18 +164,15 @@ class TaskCreator:
         await self._repo.set_card_entity(session_id, card_id)
         return card_id
 
-    def cardkit_problem(self) -> str | None:
-        """Why new tasks are PATCHed although the transport is cardkit (for /readyz), or None."""
-        wait = self._no_cardkit_until - self._clock.monotonic()
+    def cardkit_problem(self, app: AppContext) -> str | None:
+        """Why ``app``'s new tasks are PATCHed although the transport is cardkit (for /readyz), or None."""
+        wait = app.cardkit_scope.seconds_left()
         if self._settings.card.transport != "cardkit" or wait <= 0:
             return None
         return (
             "the app lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
             f"CardKit is tried again in {wait:.0f} s"
         )
-
-    def _paced(self, api: str) -> AbstractAsyncContextManager[None]:
-        return nullcontext() if self._budget is None else self._budget.admit(api)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)
@@ -207,8 +184,11 @@ class TaskCreator:
             log.warning("task %s could not be removed after its failed send: %s", session_id, delete_exc)
 
 
-def _new_task(request: ev.CreateTaskRequest, key: str | None, now: Any, owner: str | None) -> NewTask:
+def _new_task(
+    request: ev.CreateTaskRequest, app: str, key: str | None, now: Any, owner: str | None
+) -> NewTask:
     return NewTask(
+        app=app,
         receive_id=request.receive_id,
         receive_id_type=request.receive_id_type,
         requester_open_id=request.requester_open_id,
@@ -234,4 +214,4 @@ def first_card_uuid(session_id: int, key: str | None) -> str:
     return "fp-key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
 
 
-__all__ = ["CardSender", "CreatedTask", "FirstCardFailed", "TaskConflict", "TaskCreator", "first_card_uuid"]
+__all__ = ["CreatedTask", "FirstCardFailed", "TaskConflict", "TaskCreator", "first_card_uuid"]

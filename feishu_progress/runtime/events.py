@@ -27,6 +27,9 @@ MESSAGE_ID_PATTERN = (
     r"^om_[A-Za-z0-9_-]+$"  # a content event may carry a long answer; the card cuts it visibly
 )
 
+# An app's name is a URL path segment (/feishu/callback/<name>) and a VARCHAR(64) (task_card.app).
+APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -289,6 +292,8 @@ class CreateTaskRequest(BaseModel):
     # It goes into an Open API URL path: only the shape of a Feishu message id (om_...) may pass.
     reply_to_message_id: Annotated[str, Field(max_length=_REF, pattern=MESSAGE_ID_PATTERN)] | None = None
     locale: Annotated[str, Field(max_length=16)] | None = None
+    # The Feishu/Lark app that sends the card (FP_APPS_FILE names them); omitted: the default app.
+    app: Annotated[str, Field(min_length=1, max_length=64, pattern=APP_NAME_PATTERN)] | None = None
 
     @field_validator("locale")
     @classmethod

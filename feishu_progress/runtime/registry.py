@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+from feishu_progress.apps import AppRegistry
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
 from feishu_progress.config import Settings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SubagentSource
 from feishu_progress.progress.card_stream import CardStream
-from feishu_progress.progress.live_card import CardContext, LiveCard, Notifier
+from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.runtime.state import TaskState
 from feishu_progress.runtime.task import Task
 
@@ -49,29 +50,33 @@ class TaskRegistry:
         *,
         settings: Settings,
         clock: Clock,
-        scheduler: Notifier,
+        apps: AppRegistry,
         subagents: SubagentSource,
         metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._clock = clock
-        self._scheduler = scheduler
+        self._apps = apps
         self._subagents = subagents
         self._metrics = metrics
         self._tasks: dict[int, Task] = {}
         self._by_message: dict[str, int] = {}
 
     def attach(self, state: TaskState) -> Task:
-        """Hold ``state`` (its first card exists) with a new live card; replaces an earlier one."""
+        """Hold ``state`` (its first card exists) with a new live card; replaces an earlier one.
+
+        The card is written by its app's scheduler (UnknownApp when the app is no longer configured).
+        """
         if state.message_id is None:
             raise ValueError(f"task {state.session_id} has no message yet")
+        scheduler = self._apps.get(state.app).scheduler
         card = LiveCard(
             card_context(self._settings, state, state.message_id),
             clock=self._clock,
             build_card=build_progress_card,
             build_degraded_card=build_degraded_card,
             subagents=self._subagents,
-            scheduler=self._scheduler,
+            scheduler=scheduler,
             state=state.card_state(),
             metrics=self._metrics,
             stream=None if state.card_id is None else CardStream(state.card_id, state.fence),

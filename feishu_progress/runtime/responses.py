@@ -53,6 +53,7 @@ class TaskView(_Body):
         "or null while it is."
     )
     card: dict[str, Any] = Field(description="The current card, Feishu card JSON 2.0.")
+    app: str = Field(description="The Feishu/Lark app the card belongs to (FP_APPS_FILE; `default`).")
 
 
 class EmptyPayload(_Body):

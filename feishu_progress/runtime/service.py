@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from feishu_progress.apps import AppRegistry
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.errors import NotWritableHere, UnknownTask
 from feishu_progress.images import require_image
@@ -30,7 +31,6 @@ from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
 from feishu_progress.runtime.creation import CreatedTask, TaskCreator
 from feishu_progress.runtime.housekeeping import Housekeeping
-from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
@@ -66,8 +66,7 @@ class TaskService:
     snapshots: SnapshotStore
     action_log: ActionLog
     housekeeping: Housekeeping
-    images: ImageKeys
-    scheduler: DeliveryScheduler
+    apps: AppRegistry
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     ownership: Ownership | None = None  # cluster mode only
 
@@ -97,7 +96,7 @@ class TaskService:
         """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
         held = self.registry.evict(session_id)
         if held is not None:  # a stale copy from before a lapse of the lease
-            self.scheduler.drop(held.card.message_id)
+            self._scheduler_of(held).drop(held.card.message_id)
         return await self._load(session_id, claim)
 
     async def _load(self, session_id: int, claim: Claim | None) -> Task | None:
@@ -115,7 +114,7 @@ class TaskService:
             return held
         task = self.registry.attach(state)
         if claim is not None and claim.hold > 0:
-            self.scheduler.hold(task.card, claim.hold)
+            self._scheduler_of(task).hold(task.card, claim.hold)
         if claim is not None or not state.status.is_terminal:
             # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
             # first write goes ahead of ordinary updates (as a final would).
@@ -144,7 +143,7 @@ class TaskService:
         for session_id in session_ids:
             task = self.registry.evict(session_id)
             if task is not None:
-                self.scheduler.drop(task.card.message_id)
+                self._scheduler_of(task).drop(task.card.message_id)
             self.snapshots.forget(session_id)
 
     async def require(self, session_id: int) -> Task:
@@ -168,8 +167,9 @@ class TaskService:
         """
         task = await self.require(session_id)
         mime = require_image(data)
-        assert self.images.uploads is not None
-        image_key = await self.images.uploads.upload_image(data)
+        uploads = self.apps.get(task.state.app).images.uploads  # an image key belongs to an app
+        assert uploads is not None
+        image_key = await uploads.upload_image(data)
         ref = UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
         async with task.lock:
             task.state.add_uploaded_image(ref, image_key)
@@ -191,6 +191,7 @@ class TaskService:
             message_id=state.message_id,
             disliked=state.disliked,
             stop_reason=task.card.stopped_reason,
+            app=state.app,
             card=task.card.render_current(),
         )
 
@@ -205,13 +206,27 @@ class TaskService:
 
     async def restore(self) -> int:
         """Single mode: re-attach every unfinished task's live card after a restart; returns how many."""
-        states = await self.snapshots.load_unfinished()
+        states = [state for state in await self.snapshots.load_unfinished() if self._app_known(state)]
         await self.snapshots.new_epochs(states)
         for state in states:
             await self._replay_actions(state)
             # What Feishu shows may predate the last save: the newest state goes out again.
             self.registry.attach(state).card.resend()
         return len(states)
+
+    def _app_known(self, state: TaskState) -> bool:
+        if state.app in self.apps.names():
+            return True
+        log.error(
+            "task %s belongs to app %r, which is not configured (known: %s): its card is left as it is",
+            state.session_id,
+            state.app,
+            ", ".join(self.apps.names()),
+        )
+        return False
+
+    def _scheduler_of(self, task: Task) -> DeliveryScheduler:
+        return self.apps.get(task.state.app).scheduler
 
     # -- DeliveryListener: what the scheduler tells about cards -------------------------------------
 

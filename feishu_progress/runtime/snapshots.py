@@ -222,6 +222,7 @@ def state_from_record(record: TaskRecord) -> TaskState:
         stop_reason=record.stop_reason,
         fence=record.fence,
         card_id=record.card_id,
+        app=record.app,
         started_at=record.started_at.timestamp(),
         last_event_at=record.last_event_at.timestamp(),
     )

@@ -101,6 +101,7 @@ class TaskState:
     applied_batches: dict[str, None] = field(default_factory=dict)
     fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
     card_id: str | None = None  # the CardKit card entity the message shows (None: PATCHed whole)
+    app: str = "default"  # the Feishu/Lark app that sent the card and writes it (apps.py)
 
     # ----------------------------------------------------------------- events
     def check_batch(self, events: Sequence[ev.Event]) -> None:

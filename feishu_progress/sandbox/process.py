@@ -32,6 +32,7 @@ class SandboxOptions:
     app_per_minute: float = 1000
     cardkit_scope: bool = True  # False: the app lacks cardkit:card:write (every CardKit call: 99991672)
     clock_offset_seconds: float = 0.0  # answers' Date header runs this far ahead (negative: behind)
+    id_prefix: str = "sandbox"  # message ids om_<prefix>_...: distinct across sandboxes playing two apps
 
     def config(self) -> SandboxConfig:
         return SandboxConfig(
@@ -42,6 +43,7 @@ class SandboxOptions:
             app_per_minute=self.app_per_minute,
             cardkit_scope=self.cardkit_scope,
             clock_offset_seconds=self.clock_offset_seconds,
+            id_prefix=self.id_prefix,
         )
 
 

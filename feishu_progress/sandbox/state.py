@@ -80,6 +80,9 @@ class SandboxConfig:
 
     app_id: str | None = None  # when set, the token endpoint checks app_id/app_secret
     app_secret: str | None = None
+    # Ids it makes are om_<id_prefix>_000001...: two sandboxes playing two apps give distinct message ids,
+    # as Feishu does (its ids are unique across apps).
+    id_prefix: str = "sandbox"
     token_ttl: int = 7200
     token_reissue_below: float = 1800.0  # Feishu issues a new token when < 30 min are left
     per_message_qps: float = 5
@@ -446,7 +449,7 @@ class SandboxState:
         card: dict[str, Any],
         now: float,
     ) -> SandboxMessage:
-        message_id = f"om_sandbox_{next(self._ids):06d}"
+        message_id = f"om_{self.config.id_prefix}_{next(self._ids):06d}"
         if parent is not None:
             chat_id = parent.chat_id
         else:
@@ -524,7 +527,7 @@ class SandboxState:
             return error(IMAGE_BAD_FORMAT, "image_type must be 'message' and the image must not be empty")
         if len(data) > self.config.max_image_bytes:
             return error(IMAGE_TOO_LARGE, f"image is {len(data)} bytes, over the 10M limit")
-        image_key = f"img_sandbox_{next(self._ids):06d}"
+        image_key = f"img_{self.config.id_prefix}_{next(self._ids):06d}"
         self.images[image_key] = data
         return success({"image_key": image_key})
 

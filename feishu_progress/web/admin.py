@@ -29,6 +29,8 @@ class AdminDeps:
     cards: Callable[[], list[dict[str, object]]]
     token: SecretStr | None
     degradations: dict[str, Degradation] = field(default_factory=dict)
+    # Per Feishu/Lark app: its mode, host, token, CardKit scope and breaker (shown, not a gate itself).
+    apps: Callable[[], Awaitable[dict[str, object]]] | None = None
 
 
 class AdminApi:
@@ -62,17 +64,27 @@ class AdminApi:
             if problem:
                 reasons[name] = problem
         degraded = {name: note for name, check in self.deps.degradations.items() if (note := check())}
+        apps = await self._apps()
         if reasons:
             return web.json_response(
-                {"status": "not ready", "reasons": reasons, "degraded": degraded}, status=503
+                {"status": "not ready", "reasons": reasons, "degraded": degraded, **apps}, status=503
             )
         body: dict[str, object] = {
             "status": "degraded" if degraded else "ready",
             "checks": sorted({*self.deps.checks, *self.deps.degradations}),  # everything watched
+            **apps,
         }
         if degraded:
             body["degraded"] = degraded
         return web.json_response(body)
+
+    async def _apps(self) -> dict[str, object]:
+        if self.deps.apps is None:
+            return {}
+        try:
+            return {"apps": await self.deps.apps()}
+        except Exception as exc:  # the checks above already say what is wrong
+            return {"apps": f"{type(exc).__name__}: {exc}"[:200]}
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.deps.registry)

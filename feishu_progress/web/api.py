@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from feishu_progress.apps import UnknownApp
 from feishu_progress.config import MAX_IMAGE_BYTES
 from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
 from feishu_progress.runtime.creation import FirstCardFailed
@@ -71,6 +72,8 @@ class RuntimeApi:
             raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
         try:
             created = await self.service.create_task(body, key)
+        except UnknownApp as exc:
+            raise HttpError(422, "unknown_app", str(exc), field="app") from None
         except TaskConflict as exc:
             raise HttpError(409, "task_exists", str(exc)) from None
         except FirstCardFailed as exc:

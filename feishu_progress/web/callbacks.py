@@ -6,17 +6,20 @@ under its deadline, Feishu's reply body) that the long connection uses too. Bad 
 a short JSON reason; a failing action handler gets a 200 with an error toast (Feishu shows it to the
 user) and a logged traceback. Nothing answers 500 for anything a client sends.
 
-The route exists only in webhook mode (``FP_FEISHU__MODE=webhook``); see ``app.create_app``.
+Each app has its own route, ``/feishu/callback/<name>``, checked with that app's keys only;
+``/feishu/callback`` is the default app's. A route exists only for an app in webhook mode (see
+``app.create_app``). The click is tagged with the route's app: a click for another app's card is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from feishu_progress.config import Settings
+from feishu_progress.config import FeishuSettings, Settings
 from feishu_progress.errors import CallbackRejected
 from feishu_progress.feishu.callback import CardActionEvent, UrlVerification, parse_callback
 from feishu_progress.feishu.pipeline import CallbackPipeline
@@ -39,10 +42,14 @@ class CallbackEndpoint:
         settings: Settings,
         clock: Clock,
         *,
+        app: str | None = None,
+        keys: FeishuSettings | None = None,
         observe: Observe | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._settings = settings
+        self._app = app
+        self._keys = keys
         self._clock = clock
         self._observe = observe
 
@@ -52,7 +59,7 @@ class CallbackEndpoint:
         try:
             return await self._respond(request)
         except CallbackRejected as rejected:
-            log.info("feishu callback rejected: %s %r", rejected.status, rejected.reason)
+            log.info("feishu callback (app %s) rejected: %s %r", self._app, rejected.status, rejected.reason)
             return json_error(rejected.status, "callback_rejected", rejected.reason)
         except HttpError as refused:  # the body itself: type, size, time
             log.info("feishu callback refused: %s %s", refused.status, refused.code)
@@ -70,11 +77,13 @@ class CallbackEndpoint:
         parsed = self._parse(raw_body, request)
         if isinstance(parsed, UrlVerification):
             return web.json_response({"challenge": parsed.challenge})
-        return web.json_response(await self._pipeline.answer(parsed))
+        return web.json_response(await self._pipeline.answer(dataclasses.replace(parsed, app=self._app)))
 
     def _parse(self, raw_body: bytes, request: web.Request) -> UrlVerification | CardActionEvent:
         try:
-            return parse_callback(raw_body, request.headers, self._settings, now=self._clock.wall())
+            return parse_callback(
+                raw_body, request.headers, self._settings, now=self._clock.wall(), keys=self._keys
+            )
         except CallbackRejected:
             raise
         except Exception as exc:
@@ -88,7 +97,29 @@ def callback_routes(
     settings: Settings,
     clock: Clock,
     observe: Observe | None = None,
+    *,
+    apps: Sequence[tuple[str, FeishuSettings]] = (),
+    default_app: str | None = None,
 ) -> list[web.RouteDef]:
-    """The ``POST /feishu/callback`` route; ``observe(seconds)`` receives each request's latency."""
-    endpoint = CallbackEndpoint(pipeline, settings, clock, observe=observe)
-    return [web.post(CALLBACK_PATH, endpoint.handle)]
+    """``POST /feishu/callback/<name>`` per webhook app in ``apps`` and ``/feishu/callback`` for the default.
+
+    Without ``apps``: only ``/feishu/callback``, with the keys of ``settings.feishu``.
+    ``observe(seconds)`` receives each request's latency.
+    """
+    if not apps:
+        return [web.post(CALLBACK_PATH, CallbackEndpoint(pipeline, settings, clock, observe=observe).handle)]
+    endpoints = {
+        name: CallbackEndpoint(pipeline, settings, clock, app=name, keys=keys, observe=observe)
+        for name, keys in apps
+    }
+
+    async def per_app(request: web.Request) -> web.Response:
+        endpoint = endpoints.get(request.match_info["app"])
+        if endpoint is None:
+            return json_error(404, "unknown_app", "no app of that name takes callbacks here")
+        return await endpoint.handle(request)
+
+    routes = [web.post(CALLBACK_PATH + "/{app}", per_app)]
+    if default_app in endpoints:
+        routes.append(web.post(CALLBACK_PATH, endpoints[default_app].handle))
+    return routes

@@ -26,7 +26,12 @@ from pydantic.json_schema import JsonSchemaMode, SkipJsonSchema, models_json_sch
 from feishu_progress import __version__
 from feishu_progress.config import MAX_IMAGE_BYTES
 from feishu_progress.feishu.callback import ToastType
-from feishu_progress.runtime.events import MAX_EVENTS_PER_BATCH, CreateTaskRequest, EventBatch
+from feishu_progress.runtime.events import (
+    APP_NAME_PATTERN,
+    MAX_EVENTS_PER_BATCH,
+    CreateTaskRequest,
+    EventBatch,
+)
 from feishu_progress.runtime.responses import RESPONSE_MODELS, absent_when_none
 from feishu_progress.web import openapi_examples as ex
 from feishu_progress.web.api import MAX_EVENT_BODY, MAX_IDEMPOTENCY_KEY_CHARS, MAX_WAIT_SECONDS
@@ -292,6 +297,12 @@ def _create_task() -> dict[str, Any]:
                     "Value error, unknown locale 'en'; use a Feishu code such as zh_cn or en_us",
                     {"field": "locale"},
                 ),
+                (
+                    "unknown_app",
+                    "unknown_app",
+                    "unknown app 'sales'; known apps: default, research",
+                    {"field": "app"},
+                ),
             ),
             "503": _error(
                 "Feishu did not take the first card, or the database failed: retry (with the same key).",
@@ -489,14 +500,21 @@ _CALLBACK_ANSWERS = {
 }
 
 
-def _feishu_callback() -> dict[str, Any]:
-    return {
-        "operationId": "feishuCallback",
+def _feishu_callback(per_app: bool = False) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "operationId": "feishuAppCallback" if per_app else "feishuCallback",
         "tags": ["feishu"],
-        "summary": "Feishu's card callbacks (card.action.trigger) and URL check",
+        "summary": "Feishu's card callbacks (card.action.trigger) and URL check"
+        + (" of one app" if per_app else " of the default app"),
         "description": "Feishu's side, not the runtime's: set it as the card callback request URL in the "
         "developer console. Signed (X-Lark-Signature over the raw body), encrypted when an Encrypt Key is "
-        "set, answered within Feishu's 3-second deadline. Only in webhook mode (FP_FEISHU__MODE=webhook).",
+        "set, answered within Feishu's 3-second deadline. Only for an app in webhook mode. "
+        + (
+            "Each app (FP_APPS_FILE) has its own URL, checked with that app's keys only; a click on a card "
+            "of another app is refused. 404 for a name no webhook app has."
+            if per_app
+            else "The default app's (FP_FEISHU__*, or the only app); /feishu/callback/{app} is every app's."
+        ),
         "security": [],
         "requestBody": {"required": True, "content": {JSON: {"schema": _callback_body_schema()}}},
         "responses": {
@@ -515,6 +533,17 @@ def _feishu_callback() -> dict[str, Any]:
             },
         },
     }
+    if per_app:
+        operation["parameters"] = [
+            {
+                "name": "app",
+                "in": "path",
+                "required": True,
+                "description": "The app's name in FP_APPS_FILE (`default`: FP_FEISHU__*).",
+                "schema": {"type": "string", "pattern": APP_NAME_PATTERN, "maxLength": 64},
+            }
+        ]
+    return operation
 
 
 def _callback_body_schema() -> dict[str, Any]:
@@ -531,6 +560,7 @@ def _paths() -> dict[str, Any]:
         "/v1/tasks/{session_id}/images": {"post": _upload_image()},
         OPENAPI_PATH: {"get": _get_openapi()},
         "/feishu/callback": {"post": _feishu_callback()},
+        "/feishu/callback/{app}": {"post": _feishu_callback(per_app=True)},
     }
 
 

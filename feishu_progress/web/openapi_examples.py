@@ -119,6 +119,7 @@ TASK_VIEW_EXAMPLE = {
     "message_id": "om_sandbox_000001",
     "disliked": False,
     "stop_reason": None,
+    "app": "default",
     "card": {
         "schema": "2.0",
         "config": {"update_multi": True, "summary": {"content": "正在处理 · 第 1 轮"}},
