@@ -9,10 +9,11 @@ MySQL the MySQL cases are skipped, except under ``CI=true`` where that is a fail
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,17 @@ async def db(db_url: str) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.close()
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (``cli.main``) reconfigures the root logger; later tests'
+    ``caplog`` must not inherit its level or handlers."""
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 ProxyFactory = Callable[[str, int], Awaitable[TcpProxy]]
