@@ -78,7 +78,7 @@ class CardSession:
         self.cancelled = asyncio.Event()
         self._events = fp.event_stream(session_id)
         self._waiting: dict[str, asyncio.Future[UserAction | None]] = {}
-        self._cancel_callbacks: list[Callable[[], None]] = []
+        self._cancel_callbacks: list[Callable[[], object]] = []
         self._reader: asyncio.Task[None] | None = None
 
     # -- lifetime -------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ class CardSession:
                 await self._reader
         await self._events.close()
 
-    def on_cancel(self, callback: Callable[[], None]) -> None:
+    def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` when the user clicks 取消任务 (at once if they already did)."""
         self._cancel_callbacks.append(callback)
         if self.cancelled.is_set():
