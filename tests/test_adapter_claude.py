@@ -23,6 +23,8 @@ from tests.claude_script import ScriptedClaude
 
 pytestmark = pytest.mark.slow
 __all__ = ["sandbox_service"]
+# Short long-polls: the service holds an abandoned one until its wait ends, and stopping it waits for them.
+POLL = 2.0
 
 
 @pytest.fixture
@@ -42,6 +44,7 @@ async def run_claude(
             requester_open_id=REQUESTER,
             title="claude",
             idempotency_key=f"cl-{uuid.uuid4()}",
+            poll_wait=POLL,
             **card,
         ) as session,  # fmt: skip
     ):

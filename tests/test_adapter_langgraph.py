@@ -30,6 +30,8 @@ from tests.adapter_service import CHAT, REQUESTER, SandboxService, sandbox_servi
 
 pytestmark = pytest.mark.slow
 __all__ = ["sandbox_service"]
+# Short long-polls: the service holds an abandoned one until its wait ends, and stopping it waits for them.
+POLL = 2.0
 
 ran: list[str] = []
 
@@ -127,6 +129,7 @@ async def run_graph(service: SandboxService, graph: Any, play: Any, **card: Any)
             requester_open_id=REQUESTER,
             title="graph",
             idempotency_key=f"lg-{uuid.uuid4()}",
+            poll_wait=POLL,
             **card,
         ) as session,  # fmt: skip
     ):

@@ -26,6 +26,8 @@ from tests.adapter_service import CHAT, REQUESTER, SandboxService, sandbox_servi
 
 pytestmark = pytest.mark.slow
 __all__ = ["sandbox_service"]  # the fixture, used by name
+# Short long-polls: the service holds an abandoned one until its wait ends, and stopping it waits for them.
+POLL = 2.0
 
 ran: list[str] = []
 
@@ -86,6 +88,7 @@ async def on_card(service: SandboxService, **card: Any) -> AsyncIterator[CardSes
             requester_open_id=REQUESTER,
             title="ops",
             idempotency_key=f"oa-{uuid.uuid4()}",
+            poll_wait=POLL,
             **card,
         ) as session,  # fmt: skip
     ):

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from feishu_progress.client import FeishuProgressClient, ReceiveIdType
+from feishu_progress.client import DEFAULT_WAIT_SECONDS, FeishuProgressClient, ReceiveIdType
 from feishu_progress.i18n.core import Msg, translate
 from feishu_progress.runtime.responses import (
     AnswersAction,
@@ -67,10 +67,12 @@ class CardSession:
         approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT_SECONDS,
         locale: str | None = None,
         message_id: str | None = None,
+        poll_wait: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self.fp = fp
         self.session_id = session_id
         self.message_id = message_id  # the card's Feishu message
+        self.poll_wait = poll_wait  # one actions long-poll; the service holds an abandoned one this long
         self.approval_timeout = approval_timeout
         self.locale = locale or DEFAULT_LOCALE
         self.round = 1
@@ -207,7 +209,7 @@ class CardSession:
     async def _read_actions(self) -> None:
         while True:
             try:
-                async for action in self.fp.actions(self.session_id):
+                async for action in self.fp.actions(self.session_id, wait=self.poll_wait):
                     self._route(action)
             except asyncio.CancelledError:
                 raise
@@ -250,6 +252,7 @@ async def open_card(
     locale: str | None = None,
     idempotency_key: str | None = None,
     approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+    poll_wait: float = DEFAULT_WAIT_SECONDS,
 ) -> AsyncIterator[CardSession]:
     """Create the task, yield its card; the card ends FAILED (with the error) if the block raises,
     CANCELLED if the user cancelled, else COMPLETED (unless the adapter finished it already)."""
@@ -261,9 +264,8 @@ async def open_card(
         locale=locale,
         idempotency_key=idempotency_key,
     )
-    card = CardSession(
-        fp, task.session_id, approval_timeout=approval_timeout, locale=locale, message_id=task.message_id
-    )
+    card = CardSession(fp, task.session_id, approval_timeout=approval_timeout, locale=locale,
+                       message_id=task.message_id, poll_wait=poll_wait)  # fmt: skip
     await card.start()
     try:
         yield card
