@@ -61,7 +61,8 @@ QUESTION = {
 class ScriptedClaude(Transport):
     """Plays one session: a Bash call needing permission, an AskUserQuestion, a Task subagent."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, partial: bool = False) -> None:
+        self.partial = partial  # also stream the first text as deltas (include_partial_messages)
         self.out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.responses: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.interrupted = asyncio.Event()
@@ -130,6 +131,16 @@ class ScriptedClaude(Transport):
 
     async def _session(self) -> None:
         put = self.out.put
+        if self.partial:
+            for index, word in enumerate(["Let ", "me ", "run ", "the ", "tests. "]):
+                delta = {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": word},
+                }
+                await put(
+                    {"type": "stream_event", "uuid": f"e{index}", "session_id": SESSION, "event": delta}
+                )
         await put(assistant(text("Let me run the tests. "), tool_use("t1", "Bash", {"command": "pytest -q"})))
         answer = await self.ask_permission("p1", "Bash", {"command": "pytest -q"}, "t1")
         if answer.get("behavior") == "allow":

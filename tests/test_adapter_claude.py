@@ -120,3 +120,18 @@ async def test_a_cancel_click_interrupts_claude_and_the_card_ends_cancelled(
     assert claude.interrupted.is_set()
     assert result is not None and result.is_error
     await user.wait_for(message_id, lambda card: state_of(card) == "已取消")
+
+
+async def test_streamed_text_deltas_are_shown_once(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    claude = ScriptedClaude(partial=True)
+
+    async def answer(message_id: str) -> None:
+        await user.press(message_id, "approve")
+        await user.answer_first_choices(message_id)
+
+    result, message_id = await run_claude(sandbox_service, claude, answer)
+    assert result is not None and not result.is_error
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    assert text_of(card).count("Let me run the tests.") == 1, text_of(card)

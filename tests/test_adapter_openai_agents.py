@@ -206,3 +206,29 @@ async def test_a_handoff_is_a_running_subagent_with_its_rounds(
     assert "子代理 · 1 个运行中" in seen[0] and "Writer · 第 1 轮" in seen[0], seen[0]
     card = await user.wait_for(session.message_id or "", lambda card: state_of(card) == "已完成")
     assert "Report written." in text_of(card) and "子代理" not in text_of(card)
+
+
+async def test_an_agent_used_as_a_tool_is_a_subagent_while_it_runs(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    researcher = Agent(name="Researcher", instructions="research", tools=[research],
+                       model=ScriptedModel([[function_call("research", {"topic": "rates"}, call_id="r1")],
+                                            [assistant_message("rates are 5/s")]]))  # fmt: skip
+    as_tool = researcher.as_tool(tool_name="ask_researcher", tool_description="research a topic")
+    script = [
+        [function_call("ask_researcher", {"input": "rates"}, call_id="a1")],
+        [assistant_message("Noted.")],
+    ]
+    lead = Agent(name="Lead", instructions="lead", tools=[as_tool], model=ScriptedModel(script))
+    seen: list[str] = []
+    async with on_card(sandbox_service) as session:
+
+        async def watch(message_id: str) -> None:
+            card = await user.wait_for(message_id, lambda card: "Researcher" in text_of(card), timeout=30)
+            seen.append(text_of(card))
+
+        result = await run_while(session, lead, watch)
+    assert result.final_output == "Noted."
+    assert "子代理 · 1 个运行中" in seen[0] and "ask_researcher" in seen[0], seen[0]
+    card = await user.wait_for(session.message_id or "", lambda card: state_of(card) == "已完成")
+    assert "rates are 5/s" in text_of(card)  # the subagent's answer is the tool's result
