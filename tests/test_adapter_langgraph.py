@@ -23,9 +23,10 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 
 from feishu_progress.adapters import open_card
-from feishu_progress.adapters.langgraph import run_on_card
+from feishu_progress.adapters.langgraph import _questions, _resume_value, run_on_card
 from feishu_progress.adapters.sandbox_user import SandboxUser, buttons, first_choices
 from feishu_progress.client import FeishuProgressClient
+from feishu_progress.runtime.responses import Answer, AnswersPayload
 from tests.adapter_service import CHAT, REQUESTER, SandboxService, sandbox_service, state_of, text_of
 
 pytestmark = pytest.mark.slow
@@ -228,3 +229,26 @@ async def test_a_subgraph_is_a_running_subagent_with_its_rounds(
 
     await run_graph(sandbox_service, graph, watch)
     assert "子代理 · 1 个运行中" in seen[0] and "researcher · 第 1 轮" in seen[0], seen[0]
+
+
+def test_interrupt_values_become_questions_and_answers_the_resume_values() -> None:
+    several = {"questions": [{"question": "Which checks?", "options": ["Lint", "Types"], "multiSelect": True},
+                             {"question": "Anything else?"}]}  # fmt: skip
+    assert _questions(several) == [
+        {"question": "Which checks?", "options": ["Lint", "Types"], "multiSelect": True},
+        {"question": "Anything else?", "options": [], "multiSelect": False},
+    ]
+    assert _questions("Your name?") == [{"question": "Your name?", "options": []}]  # free text
+    answers = AnswersPayload(ask_id="i1", answers=[
+        Answer(question="Which checks?", selected_labels=["Lint", "Types"], custom_input=""),
+        Answer(question="Anything else?", selected_labels=[], custom_input="the bench"),
+    ])  # fmt: skip
+    assert _resume_value(several, answers) == [
+        {"question": "Which checks?", "selectedLabels": ["Lint", "Types"], "customInput": ""},
+        {"question": "Anything else?", "selectedLabels": [], "customInput": "the bench"},
+    ]
+    assert _resume_value({"question": "Which checks?"}, answers) == "Lint, Types"
+    typed = AnswersPayload(
+        ask_id="i2", answers=[Answer(question="Your name?", selected_labels=[], custom_input="Ada")]
+    )
+    assert _resume_value("Your name?", typed) == "Ada"
