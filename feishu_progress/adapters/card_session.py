@@ -207,13 +207,15 @@ class CardSession:
     # -- the actions ----------------------------------------------------------------------------------
 
     async def _read_actions(self) -> None:
+        cursor = 0
         while True:
             try:
-                async for action in self.fp.actions(self.session_id, wait=self.poll_wait):
+                async for action in self.fp.actions(self.session_id, after=cursor, wait=self.poll_wait):
+                    cursor = action.cursor
                     self._route(action)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the service restarting: read on from the start, routing is idempotent
+            except Exception as exc:  # the service restarting: read on after the last action routed
                 log.warning("reading the actions of task %s failed: %r", self.session_id, exc)
                 await asyncio.sleep(1.0)
 
