@@ -61,8 +61,9 @@ QUESTION = {
 class ScriptedClaude(Transport):
     """Plays one session: a Bash call needing permission, an AskUserQuestion, a Task subagent."""
 
-    def __init__(self, *, partial: bool = False) -> None:
+    def __init__(self, *, partial: bool = False, parallel: bool = False) -> None:
         self.partial = partial  # also stream the first text as deltas (include_partial_messages)
+        self.parallel = parallel  # instead: two guarded tool calls asking at the same time
         self.out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.responses: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.interrupted = asyncio.Event()
@@ -125,7 +126,7 @@ class ScriptedClaude(Transport):
 
     async def play(self) -> None:
         try:
-            await self._session()
+            await (self._parallel_session() if self.parallel else self._session())
         except asyncio.CancelledError:
             await self.out.put(result(error=True, text="interrupted"))
 
@@ -166,3 +167,12 @@ class ScriptedClaude(Transport):
         await put(tool_result("s1", "The card builder drops the footer."))
         await put(assistant(text("All done.")))
         await put(result())
+
+    async def _parallel_session(self) -> None:
+        calls = [("w1", "Write", {"file_path": "a.txt", "content": "a"}), ("w2", "Bash", {"command": "make"})]
+        await self.out.put(assistant(*(tool_use(tool_id, name, args) for tool_id, name, args in calls)))
+        answers = await asyncio.gather(*(self.ask_permission(f"p-{tool_id}", name, args, tool_id)
+                                         for tool_id, name, args in calls))  # fmt: skip
+        for (tool_id, _, _), answer in zip(calls, answers, strict=True):
+            await self.out.put(tool_result(tool_id, "ok", error=answer.get("behavior") != "allow"))
+        await self.out.put(result())

@@ -135,3 +135,22 @@ async def test_streamed_text_deltas_are_shown_once(
     assert result is not None and not result.is_error
     card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
     assert text_of(card).count("Let me run the tests.") == 1, text_of(card)
+
+
+async def test_parallel_permission_requests_each_wait_for_their_own_click(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    claude = ScriptedClaude(parallel=True)
+    left: list[int] = []
+
+    async def approve_one_by_one(message_id: str) -> None:
+        card = await user.wait_for(message_id, lambda card: len(buttons(card, "approve")) == 2)
+        await user.click(message_id, buttons(card, "approve")[0])
+        await asyncio.sleep(1.0)  # the other request still waits: its buttons stay on the card
+        card = await user.card(message_id)
+        left.append(len(buttons(card, "approve")))
+        await user.click(message_id, buttons(card, "approve")[0])
+
+    result, _ = await run_claude(sandbox_service, claude, approve_one_by_one)
+    assert left == [1]
+    assert result is not None and [a["behavior"] for a in claude.permission_answers] == ["allow", "allow"]

@@ -174,8 +174,12 @@ class CardSession:
         return action.payload if isinstance(action, AnswersAction) else None
 
     async def resume(self) -> None:
-        """Back to RUNNING (the same round: the tool lines stay); closes what still waited on the card."""
-        if self.finished is None and not self.cancelled.is_set():
+        """Back to RUNNING (the same round: the tool lines stay); closes what still waited on the card.
+
+        Not while another call still waits (parallel tool calls each ask): RUNNING would take its
+        approval or form off the card; the last one to be answered resumes.
+        """
+        if self.finished is None and not self.cancelled.is_set() and not self._waiting:
             await self._events.add({"type": "status", "status": "RUNNING", "round": self.round})
             await self._events.flush()
 
