@@ -1,4 +1,4 @@
-"""examples/minimal_runtime.py against ``feishu-progress serve`` in sandbox mode, both as subprocesses.
+"""The examples against ``feishu-progress serve`` in sandbox mode, both as subprocesses.
 
 The service runs as a user runs it (a process, a free port, a temporary working directory, no FP_
 setting but the ones given here); the example runs as ``python examples/minimal_runtime.py
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "minimal_runtime.py"
+# The agent SDK examples (feishu_progress/adapters), each with its scripted model: no network, no key.
+AGENT_EXAMPLES = ["openai_agents.py", "langgraph_agent.py", "claude_agent_sdk.py"]
 START_SECONDS = 60
 RUN_SECONDS = 120
 
@@ -117,6 +119,47 @@ async def test_the_minimal_runtime_runs_to_a_finished_card(
         assert "auto-answer clicked: 回答已提交" in output and "finished: COMPLETED" in output, output
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         card = await _final_card(http, url, headers)
+        assert card["header"]["text_tag_list"][0]["text"]["content"] == "已完成"
+    finally:
+        if example is not None:
+            await _stop(example)
+        await _stop(server)
+    errors = (await server.stderr.read()).decode() if server.stderr else ""
+    assert "Traceback" not in errors, errors[-3000:]
+
+
+@pytest.mark.parametrize("name", AGENT_EXAMPLES)
+async def test_an_agent_sdk_example_runs_offline_to_a_finished_card(
+    tmp_path: Path, http: aiohttp.ClientSession, name: str
+) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    token = "example-token"
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "feishu_progress", "serve",
+        env=_env(FP_HTTP__HOST="127.0.0.1", FP_HTTP__PORT=str(port), FP_ADMIN__PORT="0",
+                 FP_LOG_LEVEL="WARNING", FP_API__TOKEN=token),
+        cwd=tmp_path, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    example: asyncio.subprocess.Process | None = None
+    try:
+        await _until_serving(http, server, url)
+        # No API key reaches the example: a run that ignored --offline could not call a model either.
+        settings = _env(FEISHU_PROGRESS_URL=url, FEISHU_PROGRESS_TOKEN=token)
+        env = {
+            key: value
+            for key, value in settings.items()
+            if key not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+        }
+        script = str(REPO / "examples" / name)
+        example = await asyncio.create_subprocess_exec(
+            sys.executable, script, "--offline", "--auto-answer", "--answer-timeout", "30",
+            env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        output = (await asyncio.wait_for(example.communicate(), RUN_SECONDS))[0].decode()
+        assert example.returncode == 0, output
+        assert "finished: COMPLETED" in output, output
+        card = await _final_card(http, url, {"Authorization": f"Bearer {token}"})
         assert card["header"]["text_tag_list"][0]["text"]["content"] == "已完成"
     finally:
         if example is not None:
