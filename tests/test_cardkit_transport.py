@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
-from feishu_progress.config import CardKitSettings, CardSettings
+from feishu_progress.config import CardKitSettings, CardSettings, RateSettings
 from feishu_progress.demo import (
     ANSWERS_FORM,
     APP_ID,
@@ -52,9 +52,15 @@ async def service(
     *,
     cardkit: CardKitSettings | None = None,
     transport: Literal["cardkit", "patch"] = "cardkit",
+    rate: RateSettings | None = None,
 ) -> AsyncIterator[DemoRun]:
     """The service with SQLite in a temp dir, against a sandbox, driven like the demo (runtime + clicks)."""
-    settings = {"card": CardSettings(transport=transport), "cardkit": cardkit or CardKitSettings()}
+    settings: dict[str, Any] = {
+        "card": CardSettings(transport=transport),
+        "cardkit": cardkit or CardKitSettings(),
+    }
+    if rate is not None:
+        settings["rate"] = rate
     with tempfile.TemporaryDirectory(prefix="fp-cardkit-") as tmp:
         async with demo_service(Path(tmp), quiet, sandbox=config, settings=settings) as run:
             yield run

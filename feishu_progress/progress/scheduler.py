@@ -32,7 +32,7 @@ from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.card_stream import CardStream
-from feishu_progress.progress.rate_budget import AppBudget
+from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.waiting import event_or_timeout
 
 log = logging.getLogger(__name__)
@@ -217,15 +217,10 @@ class DeliveryScheduler:
             CARDKIT: cardkit.text_interval_ms / 1000.0,
         }
         self._interval = self._intervals[PATCH]
-        self._budget = AppBudget(rate, clock.monotonic())
-        cardkit_rate = RateSettings(
-            app_per_second=cardkit.app_per_second, app_per_minute=cardkit.app_per_minute
-        )
-        self._budgets = {PATCH: self._budget, CARDKIT: AppBudget(cardkit_rate, clock.monotonic())}
-        # Calls that are not card writes (a first card's send or reply, a card entity's create), each API
-        # on its own budget: a burst of new tasks must not meet Feishu's limit either.
-        self._rate = rate
-        self._admissions: dict[str, AppBudget] = {}
+        # Every Open API's own budget (FP_RATE__*), card writes and the calls that are not (a first
+        # card's send or reply, a card entity's create) alike: a burst of new tasks must not meet
+        # Feishu's limit either.
+        self._table = BudgetTable(rate)
         # The budgets some card has used: a pass can stop early only when each of these is spent (an
         # unused budget, e.g. CardKit's with FP_CARD__TRANSPORT=patch, must not make every pass a full scan).
         self._apis: set[str] = set()
@@ -251,12 +246,15 @@ class DeliveryScheduler:
     @property
     def budget(self) -> AppBudget:
         """The app-wide PATCH budget (read-only use: admin pages, tests)."""
-        return self._budget
+        return self._budget_of(PATCH)
 
     @property
     def cardkit_budget(self) -> AppBudget:
         """The app-wide budget of CardKit writes (read-only use: admin pages, tests)."""
-        return self._budgets[CARDKIT]
+        return self._budget_of(CARDKIT)
+
+    def _budget_of(self, api: str) -> AppBudget:
+        return self._table.get(api, self._clock.monotonic())
 
     def start(self) -> None:
         """Start the dispatcher task (inside a running event loop)."""
@@ -297,9 +295,7 @@ class DeliveryScheduler:
     async def admit(self, api: str) -> AsyncIterator[None]:
         """Make one call that is not a card write within ``api``'s app budget (and, in cluster mode, the
         budget every instance shares); waits for it. New tasks go ahead of card updates: urgent."""
-        budget = self._admissions.get(api)
-        if budget is None:
-            budget = self._admissions[api] = AppBudget(self._rate, self._clock.monotonic())
+        budget = self._budget_of(api)
         while not budget.try_take(now := self._clock.monotonic(), urgent=True):
             await self._clock.sleep(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP))
         # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
@@ -406,7 +402,7 @@ class DeliveryScheduler:
             api = slot.api
             if api in spent:
                 continue  # its budget is spent: it waits for it (next pass)
-            budget = self._budgets[api]
+            budget = self._budget_of(api)
             if not budget.try_take(now, urgent=priority[0] == 0):  # terminal or urgent first
                 # More are ready: the budget decides when the best of them may go.
                 spent[api] = budget.next_available(now, urgent=priority[0] == 0)
@@ -420,7 +416,7 @@ class DeliveryScheduler:
 
     def _budget_at(self, now: float) -> float:
         """The soonest any budget a card uses has room (each of them spent: nothing can start before)."""
-        return min((self._budgets[api].next_available(now, urgent=True) for api in self._apis), default=now)
+        return min((self._budget_of(api).next_available(now, urgent=True) for api in self._apis), default=now)
 
     def _ready(self, now: float) -> tuple[list[tuple[tuple[int, float], int, _Slot]], float]:
         """The cards that may be written now, as a heap (best first), and when the next other one may."""
@@ -451,7 +447,7 @@ class DeliveryScheduler:
         if not waiting:
             return None
         slot = min(waiting, key=lambda s: s.priority())
-        budget = self._budgets[slot.api]
+        budget = self._budget_of(slot.api)
         probe_at = max(self.breaker.next_probe, budget.next_available(now, urgent=True))
         if probe_at > now or not budget.try_take(now, urgent=True):
             return probe_at
@@ -471,7 +467,7 @@ class DeliveryScheduler:
     # -- one PATCH --------------------------------------------------------------------------------
 
     async def _deliver(self, slot: _Slot) -> None:
-        budget = self._budgets[slot.api]
+        budget = self._budget_of(slot.api)
         try:
             await self._deliver_once(slot)
         finally:
@@ -611,7 +607,7 @@ class DeliveryScheduler:
         elif kind is OutcomeKind.PAUSE_APP:
             self._metrics.rate_limit_hits.labels(kind="app").inc()
             pause = outcome.retry_after if outcome.retry_after > 0 else self._default_pause
-            self._budgets[slot.api].pause_until(now + pause)
+            self._budget_of(slot.api).pause_until(now + pause)
             if self.gate is not None:
                 self.gate.paused(slot.api, pause)
             log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)

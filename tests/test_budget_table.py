@@ -1,0 +1,90 @@
+"""One budget table: every Open API its own budget, FP_RATE__APP_PER_* capping each, on both transports.
+
+The end-to-end tests drive the service (create_app, SQLite) over real HTTP against a sandbox that enforces
+exactly the lowered FP_RATE budget on every API, with demand far above it, and read what the sandbox
+answered: not one rate-limit answer is allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+import pytest
+
+from feishu_progress.config import ApiLimit, RateSettings, Settings
+from feishu_progress.demo import APP_ID, APP_SECRET
+from feishu_progress.sandbox.state import SandboxConfig
+from tests.test_cardkit_transport import answer_of, service, stream_text, until
+
+# An operator sharing the app's quota: 20/s and 600/min, and Feishu (the sandbox) enforcing exactly that.
+CAPPED = RateSettings(app_per_second=20, app_per_minute=600)
+CARDS = 24
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["cardkit", "patch"])
+async def test_only_fp_rate_lowered_gives_no_rate_limit_answer_on_either_transport(
+    transport: Literal["cardkit", "patch"],
+) -> None:
+    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET, app_per_second=20, app_per_minute=600)
+    async with service(config, transport=transport, rate=CAPPED) as first:
+        runs = [first, *(first.another() for _ in range(CARDS - 1))]
+        for i, run in enumerate(runs):
+            await run.create_task(f"限额 {i}")
+            await run.send({"type": "status", "status": "RUNNING", "round": 1})
+        # Each card asks for a write every 50 ms (and a tool panel every 5th): ~20x the 20/s budget.
+        texts = await asyncio.gather(*(stream_text(run, 3.0, every=0.05, tool_every=5) for run in runs))
+        for run in runs:
+            await run.send({"type": "finished", "status": "COMPLETED"})
+        messages = [first.sandbox.state.messages[run.message_id] for run in runs]
+        await until(lambda: all(m.card["header"]["template"] == "green" for m in messages), timeout=30)
+        for message, text in zip(messages, texts, strict=True):
+            assert answer_of(message.card).strip() == text.strip()
+        state = first.sandbox.state
+        assert state.rate_limited() == 0, dict(state.responses)
+        written = state.cardkit.stats() if transport == "cardkit" else {"patch": state.requests["patch"]}
+        assert sum(v for k, v in written.items() if k in {"full", "content", "patch"}) >= CARDS * 3, written
+
+
+# -- the table, pure -----------------------------------------------------------------------------------
+
+
+def test_each_api_has_its_own_budget_capped_by_fp_rate() -> None:
+    rate = RateSettings(app_per_second=20, app_per_minute=600)
+    for api in ("send", "reply", "patch", "image", "card_create", "card_update", "card_settings"):
+        capped = rate.for_api(api)
+        assert (capped.app_per_second, capped.app_per_minute) == (20, 600), api
+    own = rate.model_copy(
+        update={"api": rate.api.model_copy(update={"card_content": ApiLimit(per_second=5, per_minute=900)})}
+    )
+    content = own.for_api("card_content")
+    assert (content.app_per_second, content.app_per_minute) == (5, 600)  # its own, then the cap
+    default = RateSettings().for_api("card_content")
+    assert (default.app_per_second, default.app_per_minute) == (50, 1000)  # Feishu's documented limit
+    with pytest.raises(KeyError, match="no budget"):
+        rate.for_api("message_interval_ms")
+
+
+def test_the_budget_table_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FP_RATE__APP_PER_SECOND", "20")
+    monkeypatch.setenv("FP_RATE__API__CARD_CONTENT__PER_SECOND", "7")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.rate.for_api("card_content").app_per_second == 7
+    assert settings.rate.for_api("card_update").app_per_second == 20
+    assert settings.deprecations() == []
+
+
+def test_the_deprecated_cardkit_budget_sets_the_cardkit_apis_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FP_CARDKIT__APP_PER_SECOND", "30")
+    monkeypatch.setenv("FP_RATE__APP_PER_SECOND", "20")
+    monkeypatch.setenv("FP_RATE__API__CARD_CONTENT__PER_SECOND", "40")  # the new name wins where given
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.rate.api.card_update.per_second == 30
+    assert settings.rate.api.card_content.per_second == 40
+    assert settings.rate.api.patch.per_second == 50
+    assert settings.rate.for_api("card_update").app_per_second == 20  # FP_RATE still caps it
+    (note,) = settings.deprecations()
+    assert "FP_CARDKIT__APP_PER_SECOND" in note and "FP_RATE__API__CARD_UPDATE__PER_SECOND" in note
