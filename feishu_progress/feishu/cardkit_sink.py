@@ -8,12 +8,13 @@ blindly, which is how peers lose the final answer.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from feishu_progress.cards.builder import ANSWER_ELEMENT_ID
+from feishu_progress.cards.builder import ANSWER_CUT_ELEMENT_ID, ANSWER_ELEMENT_ID
 from feishu_progress.config import CardKitSettings
 from feishu_progress.errors import FeishuAPIError, FeishuProgressError
 from feishu_progress.feishu.errors import STREAM_CLOSED_CODES, classify
@@ -59,15 +60,26 @@ def entity_card(card: Mapping[str, Any], *, streams: bool, typewriter: Mapping[s
     return {**card, "config": config}
 
 
-def answer_text(card: Mapping[str, Any]) -> str | None:
-    """The streamed answer element's text in a built card (None: this card has no answer element)."""
+def _element(card: Mapping[str, Any], element_id: str) -> Mapping[str, Any] | None:
     body = card.get("body")
     elements = body.get("elements") if isinstance(body, Mapping) else None
     for element in elements if isinstance(elements, list) else ():
-        if isinstance(element, Mapping) and element.get("element_id") == ANSWER_ELEMENT_ID:
-            content = element.get("content")
-            return content if isinstance(content, str) else None
+        if isinstance(element, Mapping) and element.get("element_id") == element_id:
+            return element
     return None
+
+
+def answer_text(card: Mapping[str, Any]) -> str | None:
+    """The streamed answer element's text in a built card (None: this card has no answer element)."""
+    element = _element(card, ANSWER_ELEMENT_ID)
+    content = element.get("content") if element is not None else None
+    return content if isinstance(content, str) else None
+
+
+def answer_cut(card: Mapping[str, Any]) -> str | None:
+    """The cut marker after the answer (…已截断 N 字…) as the built card has it, None when uncut."""
+    element = _element(card, ANSWER_CUT_ELEMENT_ID)
+    return None if element is None else json.dumps(element, ensure_ascii=False, sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,7 @@ class _Write:
     text: str | None
     streams: bool
     panel_version: int
+    cut: str | None
 
 
 class CardKitWriter:
@@ -108,7 +121,7 @@ class CardKitWriter:
         urgent: bool,
     ) -> PatchOutcome:
         """Send what ``card`` (just built) changes on the entity: PARTIAL when its panels wait for later."""
-        text = answer_text(card)
+        text, cut = answer_text(card), answer_cut(card)
         now = self._clock.monotonic()
         chosen = plan(
             stream,
@@ -118,9 +131,10 @@ class CardKitWriter:
             urgent=urgent,
             now=now,
             pacing=self._pacing,
+            cut=cut,
         )
         shown = entity_card(card, streams=streams, typewriter=self._typewriter)
-        job = _Write(stream, shown, text, streams, panel_version)
+        job = _Write(stream, shown, text, streams, panel_version, cut)
         reopened = Op.STREAM_ON in chosen.ops
         for op in chosen.ops:
             try:
@@ -155,7 +169,9 @@ class CardKitWriter:
         else:
             await self._client.set_card_streaming(stream.card_id, op is Op.STREAM_ON, sequence, uuid)
         now = self._clock.monotonic()
-        stream.done(op, now=now, panel_version=job.panel_version, text=job.text, streams=job.streams)
+        stream.done(
+            op, now=now, panel_version=job.panel_version, text=job.text, streams=job.streams, cut=job.cut
+        )
 
     def _failed(self, stream: CardStream, op: Op, exc: BaseException) -> PatchOutcome:
         outcome = classify(exc, message_interval=self._message_interval)

@@ -67,6 +67,7 @@ class CardStream:
     used: int = 0  # sequence numbers used in this fence's epoch
     panel_version: int | None = None  # the version of the card's panels last written whole
     text: str | None = None  # the answer text Feishu has (None: no answer element yet, or unknown)
+    cut: str | None = None  # the cut marker after the answer as last written whole (None: none)
     streaming: bool | None = None  # None: unknown, switch it explicitly before relying on it
     opened_at: float = -math.inf  # when streaming was last switched on
     written_at: float = -math.inf  # when the whole card was last written
@@ -78,7 +79,16 @@ class CardStream:
         self.used += 1
         return self.fence << SEQUENCE_BITS | self.used
 
-    def done(self, op: Op, *, now: float, panel_version: int, text: str | None, streams: bool) -> None:
+    def done(
+        self,
+        op: Op,
+        *,
+        now: float,
+        panel_version: int,
+        text: str | None,
+        streams: bool,
+        cut: str | None = None,
+    ) -> None:
         """Record a call Feishu accepted."""
         if op is Op.STREAM_ON:
             self.streaming, self.opened_at = True, now
@@ -86,6 +96,7 @@ class CardStream:
             self.streaming = False
         elif op is Op.FULL:
             self.panel_version, self.text, self.written_at, self.streaming = panel_version, text, now, streams
+            self.cut = cut
             if streams and self.opened_at == -math.inf:
                 self.opened_at = now
         else:
@@ -101,11 +112,13 @@ def plan(
     urgent: bool,
     now: float,
     pacing: Pacing,
+    cut: str | None = None,
 ) -> Plan:
-    """The calls that bring the card entity to the built card (``text`` None: it has no answer element)."""
+    """The calls that bring the card entity to the built card (``text`` None: it has no answer element;
+    ``cut``: the marker after a cut answer, which only a whole write changes)."""
     # The answer element appearing (or going) changes the card's layout: only a full write can do that.
     element_changed = (text is None) != (stream.text is None)
-    panels_owed = stream.panel_version != panel_version or element_changed
+    panels_owed = stream.panel_version != panel_version or element_changed or cut != stream.cut
     if not streams:
         # Waiting for the user, or ended: streaming off first (it would block the callback's update).
         switch = (Op.STREAM_OFF,) if stream.streaming is not False else ()

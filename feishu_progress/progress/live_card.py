@@ -155,7 +155,7 @@ class LiveCard:
 
         # The version is taken before the load: anything recorded while the load runs (a subagent that
         # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
-        version, changed_at, panel_version = self._version, self._changed_at, self._panel_version
+        version, changed_at = self._version, self._changed_at
         if self._state.status is TaskStatus.RUNNING:
             await self._load_subagents()
         builder = self._build_degraded_card if degraded else self._build_card
@@ -163,7 +163,7 @@ class LiveCard:
             version=version,
             changed_at=changed_at,
             card=builder(self._model()),
-            panel_version=panel_version,
+            panel_version=self._panel_version,  # after the load: a list it changed is a panel change
             streams=self._state.status is TaskStatus.RUNNING,  # never while waiting for the user
         )
 
@@ -228,6 +228,13 @@ class LiveCard:
             self._count_cache("miss")
             await self._run_load(self._source)
 
+    def _show_subagents(self, loaded: tuple[SubagentSummary, ...]) -> None:
+        # A list that changed without an event (attach mode: a row turned COMPLETED in the agent's own
+        # database) changes the panels: a CardKit card must rewrite them, not only stream the text.
+        if loaded != self._subagents:
+            self._panel_version += 1
+        self._subagents = loaded
+
     def _count_cache(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.subagent_cache.labels(result=result).inc()
@@ -242,7 +249,7 @@ class LiveCard:
             log.debug("subagents of session %s unavailable; keeping the last list", self.session_id)
         else:
             if self._state.status is TaskStatus.RUNNING:  # the task may have ended during the load
-                self._subagents = tuple(loaded)
+                self._show_subagents(tuple(loaded))
         finally:
             running = self._state.status is TaskStatus.RUNNING
             # A subagent changed while we were reading: this list may predate it, so it is not cached
@@ -251,6 +258,11 @@ class LiveCard:
             if running and not stale:  # a failed load is cached too: no hammering
                 self._subagents_loaded_at = self._clock.monotonic()
             self._loads_done += 1
+
+
+def _answer_shown(state: CardState) -> bool:
+    """Whether the card has an answer element (a CardKit card can only create it with a whole write)."""
+    return bool(state.content.strip())
 
 
 def _same_panels(new: CardState, old: CardState) -> bool:
@@ -267,4 +279,5 @@ def _same_panels(new: CardState, old: CardState) -> bool:
         and new.error == old.error
         and new.image_keys == old.image_keys
         and new.finished_at == old.finished_at
+        and _answer_shown(new) == _answer_shown(old)
     )
