@@ -8,14 +8,17 @@ answered: not one rate-limit answer is allowed.
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
 from feishu_progress.config import ApiLimit, RateSettings, Settings
 from feishu_progress.demo import APP_ID, APP_SECRET
+from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
 from feishu_progress.sandbox.state import SandboxConfig
-from tests.test_cardkit_transport import answer_of, service, stream_text, until
+from tests.test_cardkit_transport import answer_of, entity, service, stream_text, until
+
+PACING = Pacing(panel_interval=1.5, streaming_window=540)
 
 # An operator sharing the app's quota: 20/s and 600/min, and Feishu (the sandbox) enforcing exactly that.
 CAPPED = RateSettings(app_per_second=20, app_per_minute=600)
@@ -88,3 +91,85 @@ def test_the_deprecated_cardkit_budget_sets_the_cardkit_apis_and_says_so(
     assert settings.rate.for_api("card_update").app_per_second == 20  # FP_RATE still caps it
     (note,) = settings.deprecations()
     assert "FP_CARDKIT__APP_PER_SECOND" in note and "FP_RATE__API__CARD_UPDATE__PER_SECOND" in note
+
+
+# -- each CardKit API its own budget (issue 27 item 2) ----------------------------------------------------
+
+
+def _with_api(name: str, per_second: float, per_minute: float) -> RateSettings:
+    rate = RateSettings()
+    limit = ApiLimit(per_second=per_second, per_minute=per_minute)
+    return rate.model_copy(update={"api": rate.api.model_copy(update={name: limit})})
+
+
+@pytest.mark.slow
+async def test_text_streams_while_the_panel_budget_is_spent() -> None:
+    # The card-update API may be called 3 times a minute; the element-content API has Feishu's 50/s.
+    async with service(rate=_with_api("card_update", 1, 3)) as run:
+        await run.create_task("文字不等面板")
+        await run.send({"type": "status", "status": "RUNNING", "round": 1})
+        started = run.sandbox.state.now()
+        text = await stream_text(run, 3.0, every=0.05, tool_every=4)  # a tool panel change every 200 ms
+        ended = run.sandbox.state.now()
+        card = entity(run)
+        steady = [s for s in card.record.streams if started + 0.5 <= s.at <= ended]
+        assert len(steady) / (ended - started - 0.5) >= 4, f"{len(steady)} streamed updates"
+        assert card.record.updates["full"] <= 3  # the panel budget held, and the text never waited for it
+        await until(lambda: answer_of(card.card).strip() == text.strip(), timeout=5)
+        assert run.sandbox.state.rate_limited() == 0
+
+
+@pytest.mark.slow
+async def test_panels_update_while_the_text_budget_is_spent() -> None:
+    async with service(rate=_with_api("card_content", 1, 3)) as run:
+        await run.create_task("面板不等文字")
+        await run.send({"type": "status", "status": "RUNNING", "round": 1})
+        before = entity(run).record.updates["full"]
+        await stream_text(run, 4.0, every=0.05, tool_every=4)
+        card = entity(run)
+        assert len(card.record.streams) <= 3  # the text budget held
+        assert card.record.updates["full"] - before >= 2  # panels at their 1.5 s pace all the same
+        assert run.sandbox.state.rate_limited() == 0
+
+
+def ahead(stream: CardStream, **marks: Any) -> list[tuple[str, ...]]:
+    """The API choices of the next write, best first."""
+    return [apis_of(choice) for choice in plan_ahead(stream, pacing=PACING, **marks)]
+
+
+def test_a_write_names_its_apis_before_it_is_built() -> None:
+    stream = CardStream("c1", fence=0, panel_version=1, text_version=1, text="a", streaming=True)
+    stream.opened_at, stream.written_at = 0.0, 0.0
+    marks = {"streams": True, "urgent": False}
+    assert ahead(stream, panel_version=1, text_version=2, now=1, **marks) == [("card_content",)]
+    assert ahead(stream, panel_version=2, text_version=1, now=2, **marks) == [("card_update",)]
+    # Panels due and text owed: whole if the panel budget has room, else the text alone.
+    assert ahead(stream, panel_version=2, text_version=2, now=2, **marks) == [
+        ("card_update",),
+        ("card_content",),
+    ]
+    (early,) = plan_ahead(stream, panel_version=2, text_version=2, now=1, pacing=PACING, **marks)
+    assert apis_of(early) == ("card_content",) and early.owed_at == 1.5
+    ending = ahead(stream, panel_version=2, text_version=2, streams=False, urgent=True, now=1)
+    assert ending == [("card_settings", "card_update")]  # only a whole write shows a wait or an end
+    stream.panels_due = 1.0  # a write left the panels behind (the cut moved, or a call was not budgeted)
+    assert ahead(stream, panel_version=1, text_version=1, now=1, **marks) == [("card_update",)]
+
+
+def test_a_write_without_the_panel_budget_streams_the_text_and_owes_the_panels() -> None:
+    stream = CardStream("c1", fence=0, panel_version=1, text="a", streaming=True, opened_at=0, written_at=0)
+    chosen = plan(
+        stream, panel_version=2, text="ab", streams=True, urgent=True, now=2, pacing=PACING, whole=False
+    )
+    assert chosen.ops == (Op.TEXT,) and chosen.owed_at == 1.5
+    first = plan(
+        CardStream("c1", fence=0, panel_version=1, text=None, streaming=True),
+        panel_version=1,
+        text="a",
+        streams=True,
+        urgent=False,
+        now=2,
+        pacing=PACING,
+        whole=False,
+    )
+    assert first.ops == ()  # no answer element yet: it waits for a whole write

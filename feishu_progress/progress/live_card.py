@@ -92,6 +92,7 @@ class LiveCard:
         self._state = state if state is not None else CardState()
         self._version = 0
         self._panel_version = 0  # grows when anything but the answer text changes
+        self._text_version = 0  # grows when the answer text changes
         self._changed_at = clock.monotonic()
         self._subagents: tuple[SubagentSummary, ...] = ()
         self._subagents_loaded_at: float | None = None
@@ -125,6 +126,17 @@ class LiveCard:
         """Grows on every change of what the card shows besides its answer text (a CardKit card streams
         the text on its own and rewrites the rest at a slower pace)."""
         return self._panel_version
+
+    @property
+    def text_version(self) -> int:
+        """Grows on every change of the answer text (a CardKit writer knows before building whether the
+        next write streams text, so it takes that API's budget)."""
+        return self._text_version
+
+    @property
+    def streams(self) -> bool:
+        """Whether a CardKit card streams its text now: only while the task runs (not while it waits)."""
+        return self._state.status is TaskStatus.RUNNING
 
     @property
     def changed_at(self) -> float:
@@ -164,7 +176,8 @@ class LiveCard:
             changed_at=changed_at,
             card=builder(self._model()),
             panel_version=self._panel_version,  # after the load: a list it changed is a panel change
-            streams=self._state.status is TaskStatus.RUNNING,  # never while waiting for the user
+            streams=self.streams,
+            text_version=self._text_version,
         )
 
     # -- write side: record and wake, never build or send -----------------------------------------
@@ -179,6 +192,8 @@ class LiveCard:
             self._subagents_loaded_at = None
         if not _same_panels(state, self._state):
             self._panel_version += 1
+        if state.content != self._state.content or state.content_chars != self._state.content_chars:
+            self._text_version += 1
         self._state = state
         self._touch(urgent=urgent)
 
