@@ -144,6 +144,9 @@ class RateSettings(BaseModel):
     app_per_second: float = Field(default=50, gt=0)
     app_per_minute: float = Field(default=1000, gt=0)
     message_interval_ms: int = Field(default=250, ge=200)  # Feishu allows 5 QPS per message
+    # A create waits at most this long for its send (or card create) budget, then answers 503 with a
+    # Retry-After from the budget; the runtime's retry with its Idempotency-Key finds the same task.
+    create_wait_seconds: float = Field(default=10, gt=0)
     api: ApiLimits = ApiLimits()
 
     def for_api(self, api: str) -> RateSettings:

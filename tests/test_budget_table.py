@@ -8,12 +8,13 @@ answered: not one rate-limit answer is allowed.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Literal
 
 import pytest
 
 from feishu_progress.config import ApiLimit, RateSettings, Settings
-from feishu_progress.demo import APP_ID, APP_SECRET
+from feishu_progress.demo import API_TOKEN, APP_ID, APP_SECRET
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
 from feishu_progress.sandbox.state import SandboxConfig
 from tests.test_cardkit_transport import answer_of, entity, service, stream_text, until
@@ -23,6 +24,8 @@ PACING = Pacing(panel_interval=1.5, streaming_window=540)
 # An operator sharing the app's quota: 20/s and 600/min, and Feishu (the sandbox) enforcing exactly that.
 CAPPED = RateSettings(app_per_second=20, app_per_minute=600)
 CARDS = 24
+CREATES = 20
+SLACK = 1.5  # a busy shared machine answers late; the bound is 1 s here, 10 s by default
 
 
 @pytest.mark.slow
@@ -173,3 +176,52 @@ def test_a_write_without_the_panel_budget_streams_the_text_and_owes_the_panels()
         whole=False,
     )
     assert first.ops == ()  # no answer element yet: it waits for a whole write
+
+
+# -- creates never stall on the send budget (issue 27 item 4) ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["cardkit", "patch"])
+async def test_a_create_waits_for_the_send_budget_at_most_its_bound_then_its_retry_gets_the_same_task(
+    transport: Literal["cardkit", "patch"],
+) -> None:
+    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET, app_per_second=5, app_per_minute=300)
+    rate = RateSettings(app_per_second=5, app_per_minute=300, create_wait_seconds=1.0)
+    async with service(config, transport=transport, rate=rate) as run:
+        url, auth = f"{run.base_url}/v1/tasks", {"Authorization": f"Bearer {API_TOKEN}"}
+        body = {"receive_id": "oc_bound", "receive_id_type": "chat_id", "requester_open_id": "ou_r"}
+
+        async def create(key: str) -> tuple[float, int, str | None, dict[str, Any]]:
+            started = time.monotonic()
+            async with run.http.post(url, json=body, headers={**auth, "Idempotency-Key": key}) as answer:
+                payload = await answer.json()
+                return time.monotonic() - started, answer.status, answer.headers.get("Retry-After"), payload
+
+        keys = [f"bound-{transport}-{i}" for i in range(CREATES)]
+        first = await asyncio.gather(*(create(key) for key in keys))
+        assert max(took for took, *_ in first) <= 1.0 + SLACK, [round(t, 2) for t, *_ in first]
+        busy = [(after, payload) for _, status, after, payload in first if status == 503]
+        assert busy, "20 creates at once on a 5/s budget: some must be told to come back"
+        for after, payload in busy:
+            assert after is not None and int(after) >= 1 and payload["retry_after"] == int(after), payload
+        sessions = {
+            key: payload["session_id"]
+            for key, (_, status, _, payload) in zip(keys, first, strict=True)
+            if status == 201
+        }
+        for key in keys:
+            while key not in sessions:
+                took, status, after, payload = await create(key)
+                assert took <= 1.0 + SLACK
+                if status == 201:
+                    sessions[key] = payload["session_id"]
+                else:
+                    assert status == 503 and after is not None, payload
+                    await asyncio.sleep(min(int(after), 2))  # the client waits as told (capped for the test)
+            again = await create(key)  # once more: the same task, not a new one
+            assert (again[1], again[3]["session_id"]) == (201, sessions[key])
+        assert len(set(sessions.values())) == CREATES
+        cards = [m for m in run.sandbox.state.messages.values() if m.chat_id == "oc_bound"]
+        assert len(cards) == CREATES  # one first card per task, however often it was asked for
+        assert run.sandbox.state.rate_limited() == 0

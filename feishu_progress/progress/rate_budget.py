@@ -95,6 +95,7 @@ class AppBudget:
         self._minute = SlidingWindow(per_minute, 60.0)
         self._spread = TokenBucket(capacity=per_second, rate=per_minute / 60.0, now=now)
         self._paused_until = -math.inf
+        self.rate = min(float(per_second), per_minute / 60.0)  # calls per second it sustains
 
     @property
     def paused_until(self) -> float:

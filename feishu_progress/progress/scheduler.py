@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import CardKitSettings, RateSettings
+from feishu_progress.errors import FeishuProgressError
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
 from feishu_progress.progress.breaker import OutageBreaker
@@ -45,6 +46,15 @@ _MIN_SLEEP = 0.001
 NOT_NOW_SECONDS = 0.5
 PATCH = "patch"  # the budget (and the cluster budget's API) of message PATCHes
 _PATCH_CHOICES = WriteChoices(((PATCH,),))  # a PATCHed card's every write
+
+
+class BudgetBusy(FeishuProgressError):
+    """A call (not a card write) would wait for its API's budget past its bound."""
+
+    def __init__(self, api: str, retry_after: int) -> None:
+        super().__init__(f"the {api} budget is busy: try again in {retry_after} s")
+        self.api = api
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +243,7 @@ class DeliveryScheduler:
         # card's send or reply, a card entity's create) alike: a burst of new tasks must not meet
         # Feishu's limit either.
         self._table = BudgetTable(rate)
+        self._queued: dict[str, int] = {}  # callers waiting in ``admit``, by API
         # The budgets some card has used: a pass can stop early only when each of these is spent (an
         # unused budget, e.g. CardKit's with FP_CARD__TRANSPORT=patch, must not make every pass a full scan).
         self._apis: set[str] = set()
@@ -302,20 +313,53 @@ class DeliveryScheduler:
         return {message_id for message_id, slot in self._slots.items() if slot.sending}
 
     @asynccontextmanager
-    async def admit(self, api: str) -> AsyncIterator[None]:
+    async def admit(self, api: str, *, max_wait: float | None = None) -> AsyncIterator[None]:
         """Make one call that is not a card write within ``api``'s app budget (and, in cluster mode, the
-        budget every instance shares); waits for it. New tasks go ahead of card updates: urgent."""
+        budget every instance shares); waits for it. New tasks go ahead of card updates: urgent.
+
+        ``max_wait``: never wait longer — ``BudgetBusy`` (with when to try again, from the budget's
+        rate and the callers queued for it) at once when the queue cannot drain in time, or at the bound.
+        """
         budget = self._budget_of(api)
-        while not budget.try_take(now := self._clock.monotonic(), urgent=True):
-            await self._clock.sleep(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP))
-        # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
-        grant = None if self.gate is None else await self.gate.enter(api, urgent=True)
+        deadline = math.inf if max_wait is None else self._clock.monotonic() + max_wait
+        self._queued[api] = self._queued.get(api, 0) + 1
+        try:
+            if max_wait is not None and self._queued[api] / budget.rate > max_wait:
+                raise self._busy(api, budget)
+            while not budget.try_take(now := self._clock.monotonic(), urgent=True):
+                if now >= deadline:
+                    raise self._busy(api, budget)
+                wait = max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP)
+                await self._clock.sleep(min(wait, max(deadline - now, _MIN_SLEEP)))
+        finally:
+            self._queued[api] -= 1
+        try:
+            grant = await self._admitted_by_gate(api, budget, deadline)
+        except BaseException:
+            budget.settle(self._clock.monotonic())
+            raise
         try:
             yield
         finally:
             budget.settle(self._clock.monotonic())
             if self.gate is not None and grant is not None:
                 self.gate.leave(grant)
+
+    async def _admitted_by_gate(self, api: str, budget: AppBudget, deadline: float) -> object | None:
+        # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
+        if self.gate is None:
+            return None
+        remaining = deadline - self._clock.monotonic()
+        try:
+            async with asyncio.timeout(None if math.isinf(remaining) else max(remaining, _MIN_SLEEP)):
+                return await self.gate.enter(api, urgent=True)
+        except TimeoutError:
+            raise self._busy(api, budget) from None
+
+    def _busy(self, api: str, budget: AppBudget) -> BudgetBusy:
+        """Past the bound: try again when the callers queued now have had their turn."""
+        retry_after = max(1, math.ceil((self._queued.get(api, 0) + 1) / budget.rate))
+        return BudgetBusy(api, retry_after)
 
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""

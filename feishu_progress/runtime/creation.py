@@ -29,6 +29,7 @@ from feishu_progress.errors import FeishuAPIError, FeishuProgressError, TaskConf
 from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
 from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
 from feishu_progress.ports import Clock
+from feishu_progress.progress.scheduler import BudgetBusy
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
 from feishu_progress.runtime.snapshots import state_from_record
@@ -54,9 +55,10 @@ class CardSender(Protocol):
 
 
 class Admission(Protocol):
-    """Paces calls within their API's app budget (the delivery scheduler's ``admit``)."""
+    """Paces calls within their API's app budget (the delivery scheduler's ``admit``); past ``max_wait``
+    it raises ``BudgetBusy``."""
 
-    def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
+    def admit(self, api: str, *, max_wait: float | None = None) -> AbstractAsyncContextManager[None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +68,12 @@ class CreatedTask:
 
 
 class FirstCardFailed(FeishuProgressError):
-    """Feishu did not take the first card after every retry; nothing of the task remains."""
+    """Feishu did not take the first card after every retry (or its budget was busy past the bound);
+    nothing of the task remains but a row kept for its Idempotency-Key."""
 
-    retry_after = FIRST_CARD_RETRY_AFTER
+    def __init__(self, message: str, retry_after: int = FIRST_CARD_RETRY_AFTER) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class TaskCreator:
@@ -144,6 +149,9 @@ class TaskCreator:
                     message_id = await self._sender.send_card(
                         state.receive_id, state.receive_id_type, content, uuid
                     )
+        except BudgetBusy as exc:
+            await self._abandon(state.session_id, key, exc)
+            raise FirstCardFailed(f"the first card could not be sent yet: {exc}", exc.retry_after) from exc
         except FeishuProgressError as exc:
             await self._abandon(state.session_id, key, exc)
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
@@ -162,6 +170,8 @@ class TaskCreator:
                 card_id = await self._sender.create_card_entity(
                     entity_card(first, streams=True, typewriter=streaming_config(cardkit))
                 )
+        except BudgetBusy:
+            raise  # not a CardKit failure: the create is answered 503, never quietly PATCHed instead
         except FeishuAPIError as exc:
             if exc.code == CARDKIT_SCOPE_MISSING:
                 self._no_cardkit_until = self._clock.monotonic() + cardkit.scope_recheck_seconds
@@ -195,7 +205,9 @@ class TaskCreator:
         )
 
     def _paced(self, api: str) -> AbstractAsyncContextManager[None]:
-        return nullcontext() if self._budget is None else self._budget.admit(api)
+        if self._budget is None:
+            return nullcontext()
+        return self._budget.admit(api, max_wait=self._settings.rate.create_wait_seconds)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)
