@@ -144,19 +144,24 @@ def test_a_write_names_its_apis_before_it_is_built() -> None:
     stream = CardStream("c1", fence=0, panel_version=1, text_version=1, text="a", streaming=True)
     stream.opened_at, stream.written_at = 0.0, 0.0
     marks = {"streams": True, "urgent": False}
-    assert ahead(stream, panel_version=1, text_version=2, now=1, **marks) == [("card_content",)]
+    # Text: by its own API, or in a whole write when the text's budget is spent (the update API's room).
+    assert ahead(stream, panel_version=1, text_version=2, now=1, **marks) == [
+        ("card_content",),
+        ("card_update",),
+    ]
     assert ahead(stream, panel_version=2, text_version=1, now=2, **marks) == [("card_update",)]
     # Panels due and text owed: whole if the panel budget has room, else the text alone.
     assert ahead(stream, panel_version=2, text_version=2, now=2, **marks) == [
         ("card_update",),
         ("card_content",),
     ]
-    (early,) = plan_ahead(stream, panel_version=2, text_version=2, now=1, pacing=PACING, **marks)
+    early, _ = plan_ahead(stream, panel_version=2, text_version=2, now=1, pacing=PACING, **marks)
     assert apis_of(early) == ("card_content",) and early.owed_at == 1.5
     ending = ahead(stream, panel_version=2, text_version=2, streams=False, urgent=True, now=1)
     assert ending == [("card_settings", "card_update")]  # only a whole write shows a wait or an end
     stream.panels_due = 1.0  # a write left the panels behind (the cut moved, or a call was not budgeted)
     assert ahead(stream, panel_version=1, text_version=1, now=1, **marks) == [("card_update",)]
+    assert ahead(stream, panel_version=1, text_version=1, now=0.5, **marks) == [()]  # nothing to call yet
 
 
 def test_a_write_without_the_panel_budget_streams_the_text_and_owes_the_panels() -> None:
@@ -176,6 +181,17 @@ def test_a_write_without_the_panel_budget_streams_the_text_and_owes_the_panels()
         whole=False,
     )
     assert first.ops == ()  # no answer element yet: it waits for a whole write
+    spent_text = plan(
+        stream,
+        panel_version=1,
+        text="abc",
+        streams=True,
+        urgent=False,
+        now=0.1,
+        pacing=PACING,
+        text_alone=False,
+    )
+    assert spent_text.ops == (Op.FULL,) and spent_text.owed_at is None  # the text in a whole write
 
 
 # -- creates never stall on the send budget (issue 27 item 4) ---------------------------------------------

@@ -166,6 +166,7 @@ class CardKitWriter:
             pacing=self._pacing,
             cut=seen.cut,
             whole=allowed is None or OP_API[Op.FULL] in allowed,
+            text_alone=allowed is None or OP_API[Op.TEXT] in allowed,
         )
         ops = (
             chosen.ops if allowed is None else tuple(takewhile(lambda op: OP_API[op] in allowed, chosen.ops))

@@ -132,9 +132,11 @@ def plan(
     pacing: Pacing,
     cut: str | None = None,
     whole: bool = True,
+    text_alone: bool = True,
 ) -> Plan:
     """The calls that bring the card entity to the built card (``whole`` False: this write may not
-    rewrite the card whole — its budget is spent — so the text goes alone and the panels are owed)."""
+    rewrite the card whole — its budget is spent — so the text goes alone and the panels are owed;
+    ``text_alone`` False: the text's own budget is spent, so the text goes in a whole write)."""
     # The answer element appearing (or going) changes the card's layout: only a full write can do that.
     element_changed = (text is None) != (stream.text is None)
     panels_owed = (
@@ -144,7 +146,8 @@ def plan(
         or stream.panels_due is not None
     )
     owed = _Owed(panels_owed, text != stream.text, element_changed)
-    return _choose(stream, owed, streams=streams, urgent=urgent, now=now, pacing=pacing, whole=whole)
+    budgets = _Budgets(whole=whole, text_alone=text_alone)
+    return _choose(stream, owed, streams=streams, urgent=urgent, now=now, pacing=pacing, budgets=budgets)
 
 
 def plan_ahead(
@@ -166,10 +169,19 @@ def plan_ahead(
     panels_owed = stream.panel_version != panel_version or stream.panels_due is not None or appears
     owed = _Owed(panels_owed, text_owed, appears)
     best = _choose(stream, owed, streams=streams, urgent=urgent, now=now, pacing=pacing)
-    if Op.FULL not in best.ops:
-        return (best,)
-    text_alone = _choose(stream, owed, streams=streams, urgent=urgent, now=now, pacing=pacing, whole=False)
-    return (best, text_alone) if text_alone.ops else (best,)
+    # The other API: the text alone when the whole card's budget is spent, or the text in a whole write
+    # when the text's own budget is spent (the card-update API's spare room carries text too).
+    other = _Budgets(whole=False) if Op.FULL in best.ops else _Budgets(text_alone=False)
+    fallback = _choose(stream, owed, streams=streams, urgent=urgent, now=now, pacing=pacing, budgets=other)
+    return (best, fallback) if fallback.ops and fallback.ops != best.ops else (best,)
+
+
+@dataclass(frozen=True, slots=True)
+class _Budgets:
+    """Which calls a write may make: a whole card (card update), the text alone (element content)."""
+
+    whole: bool = True
+    text_alone: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +201,10 @@ def _choose(
     urgent: bool,
     now: float,
     pacing: Pacing,
-    whole: bool = True,
+    budgets: _Budgets = _Budgets(),
 ) -> Plan:
     panels_owed, text_owed, element_changed = owed.panels, owed.text, owed.element_changed
+    whole = budgets.whole
     if not streams:
         # Waiting for the user, or ended: streaming off first (it would block the callback's update).
         switch = (Op.STREAM_OFF,) if stream.streaming is not False else ()
@@ -209,6 +222,8 @@ def _choose(
         if element_changed:  # no answer element to stream into: only a whole write will do
             return Plan((), now)
     owed_at = due if panels_owed else None
+    if text_owed and not budgets.text_alone:
+        return Plan((*switch, Op.FULL) if whole else (), None if whole else now)
     if text_owed:
         return Plan((*switch, Op.TEXT), owed_at)
     return Plan(switch, owed_at)
