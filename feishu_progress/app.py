@@ -340,7 +340,7 @@ def _build_service(
         metrics=metrics,
     )
     action_log = ActionLog(ActionRepository(db), clock, services.background)
-    images = ImageKeys.from_settings(settings.images, client, services.background, fetcher)
+    images = ImageKeys.from_settings(settings.images, client, services.background, fetcher, scheduler)
     service = TaskService(
         registry=registry,
         creator=TaskCreator(

@@ -12,10 +12,17 @@ import time
 from typing import Any, Literal
 
 import pytest
+from pydantic import SecretStr
 
-from feishu_progress.config import ApiLimit, RateSettings, Settings
+from feishu_progress.config import ApiLimit, FeishuSettings, RateSettings, Settings
 from feishu_progress.demo import API_TOKEN, APP_ID, APP_SECRET
+from feishu_progress.feishu import FeishuClient
+from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.images import ImageUploads
+from feishu_progress.ports import SystemClock
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
+from feishu_progress.progress.scheduler import DeliveryScheduler
+from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from tests.test_cardkit_transport import answer_of, entity, service, stream_text, until
 
@@ -241,3 +248,27 @@ async def test_a_create_waits_for_the_send_budget_at_most_its_bound_then_its_ret
         cards = [m for m in run.sandbox.state.messages.values() if m.chat_id == "oc_bound"]
         assert len(cards) == CREATES  # one first card per task, however often it was asked for
         assert run.sandbox.state.rate_limited() == 0
+
+
+# -- image uploads spend the image API's budget ------------------------------------------------------
+
+
+async def test_image_uploads_stay_within_the_image_budget_over_real_http() -> None:
+    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET, app_per_second=3, app_per_minute=1000)
+    async with run_sandbox(config) as sandbox:
+        settings = FeishuSettings(base_url=sandbox.base_url, app_id=APP_ID, app_secret=SecretStr(APP_SECRET))
+        client = await FeishuClient.open(settings)
+        try:
+            scheduler = DeliveryScheduler(
+                FeishuCardSink(client), clock=SystemClock(), rate=RateSettings(app_per_second=3)
+            )
+            uploads = ImageUploads(client, concurrency=8, budget=scheduler)
+            distinct = [b"\x89PNG\r\n\x1a\n" + f"image {i}".encode() for i in range(9)]
+            started = time.monotonic()
+            keys = await asyncio.gather(*(uploads.upload_image(data) for data in distinct))
+            took = time.monotonic() - started
+        finally:
+            await client.close()
+        assert len(set(keys)) == 9
+        assert sandbox.state.rate_limited() == 0, dict(sandbox.state.responses)
+        assert took >= 1.9  # 9 uploads at 3/s: the budget spread them over (at least) two more seconds

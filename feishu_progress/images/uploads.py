@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Protocol
 
 from feishu_progress.errors import FeishuProgressError
@@ -29,6 +30,12 @@ class ImageClient(Protocol):
     async def upload_image(self, data: bytes) -> str: ...
 
 
+class UploadBudget(Protocol):
+    """The image upload API's app budget (the delivery scheduler's ``admit``): waits for room."""
+
+    def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
+
+
 class UploadAbandoned(FeishuProgressError):
     """The upload another caller was waiting for was cancelled before it finished."""
 
@@ -42,8 +49,10 @@ class ImageUploads:
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         max_entries: int = DEFAULT_IMAGE_CACHE_SIZE,
+        budget: UploadBudget | None = None,
     ) -> None:
         self._client = client
+        self._budget = budget  # every upload within the image API's budget (FP_RATE__API__IMAGE__*)
         self._slots = asyncio.Semaphore(concurrency)
         self._max_entries = max_entries
         self._keys: OrderedDict[str, str] = OrderedDict()
@@ -78,7 +87,8 @@ class ImageUploads:
         flight: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._flights[digest] = flight
         try:
-            image_key = await self._client.upload_image(data)
+            async with nullcontext() if self._budget is None else self._budget.admit("image"):
+                image_key = await self._client.upload_image(data)
         except BaseException as exc:
             flight.set_exception(exc if isinstance(exc, Exception) else UploadAbandoned())
             flight.exception()  # retrieved: nobody waiting is not an "exception never retrieved"

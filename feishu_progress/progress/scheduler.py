@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # Never spin: a wake time already due (or missed by a rounding error) still waits this long.
 _MIN_SLEEP = 0.001
+# An admission whose budget is all held by calls still out looks again this often (it used to sleep for
+# ever: ``next_available`` is ``inf`` until a call ends, and nothing woke it).
+_ADMIT_POLL = 0.05
 # A card whose send the gate refused (no lease right now) is looked at again this much later.
 NOT_NOW_SECONDS = 0.5
 PATCH = "patch"  # the budget (and the cluster budget's API) of message PATCHes
@@ -329,7 +332,8 @@ class DeliveryScheduler:
             while not budget.try_take(now := self._clock.monotonic(), urgent=True):
                 if now >= deadline:
                     raise self._busy(api, budget)
-                wait = max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP)
+                # Every slot held by a call still out (``inf``): look again soon, a call's end frees one.
+                wait = min(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP), _ADMIT_POLL)
                 await self._clock.sleep(min(wait, max(deadline - now, _MIN_SLEEP)))
         finally:
             self._queued[api] -= 1
