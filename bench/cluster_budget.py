@@ -36,7 +36,7 @@ from feishu_progress.ports import SystemClock
 
 DEFAULT_URL = "redis://127.0.0.1:6379/5"
 # Far above any call rate this loop reaches: every call is a grant, never a wait.
-UNLIMITED = RateSettings(app_per_second=1_000_000, app_per_minute=60_000_000)
+UNLIMITED = RateSettings.lifted(1_000_000, 60_000_000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,10 +204,10 @@ class Runtime:
                 await asyncio.sleep(float(json.loads(text).get("retry_after", 1)))
         raise RuntimeError(f"create answered {response.status}: {text[:200]}")
 
-    async def post(self, session_id: int, event: dict[str, Any]) -> bool:
+    async def post(self, session_id: int, *events: dict[str, Any]) -> bool:
         url = f"{self.service}/v1/tasks/{session_id}/events"
         try:
-            async with self.http.post(url, json={"events": [event]}) as response:
+            async with self.http.post(url, json={"events": list(events)}) as response:
                 await response.read()
                 if response.status == 202:
                     return True
@@ -216,7 +216,10 @@ class Runtime:
         self.errors += 1
         return False
 
-    async def stream(self, index: int, session_id: int, every: tuple[float, float], until: float) -> None:
+    async def stream(
+        self, index: int, session_id: int, every: tuple[float, float], until: float, tool_every: int = 0
+    ) -> None:
+        """Marked deltas; with ``tool_every`` N, every Nth also starts a tool call (a panel change)."""
         rng = random.Random(index)
         k = 0
         while True:
@@ -224,7 +227,10 @@ class Runtime:
             if time.monotonic() >= until:
                 return
             marker = f"{index}:{k}"
-            if await self.post(session_id, {"type": "content_delta", "text": f"⟦{marker}⟧ 第{k}段。"}):
+            events: list[dict[str, Any]] = [{"type": "content_delta", "text": f"⟦{marker}⟧ 第{k}段。"}]
+            if tool_every and k % tool_every == 0:
+                events.append({"type": "tool_started", "call_id": f"t{k}", "name": "read_file", "args": {}})
+            if await self.post(session_id, *events):
                 self.answered[marker] = self.clock.monotonic()
             k += 1
 
@@ -240,7 +246,13 @@ async def _gather_bounded(coroutines: list[Any]) -> list[Any]:
 
 
 async def one_run(
-    transport: str, *, cards: int, seconds: float, scale: float, every: tuple[float, float]
+    transport: str,
+    *,
+    cards: int,
+    seconds: float,
+    scale: float,
+    every: tuple[float, float],
+    tool_every: int = 0,
 ) -> FreshnessResult:
     """One service + sandbox pair, ``cards`` live cards streaming for ``seconds`` real seconds."""
     context = multiprocessing.get_context("spawn")
@@ -262,7 +274,7 @@ async def one_run(
             timeout = aiohttp.ClientTimeout(total=120)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
                 runtime = Runtime(http, service_url, ScaledClock(scale))
-                await _measure(runtime, sandbox_url, result, every)
+                await _measure(runtime, sandbox_url, result, every, tool_every)
         finally:
             for proc in procs:
                 proc.terminate()
@@ -271,7 +283,11 @@ async def one_run(
 
 
 async def _measure(
-    runtime: Runtime, sandbox_url: str, result: FreshnessResult, every: tuple[float, float]
+    runtime: Runtime,
+    sandbox_url: str,
+    result: FreshnessResult,
+    every: tuple[float, float],
+    tool_every: int = 0,
 ) -> None:
     cards, scale = result.cards, result.scale
     sessions = await _gather_bounded([runtime.create(i) for i in range(cards)])
@@ -281,7 +297,8 @@ async def _measure(
     one_pass = cards / BUDGET_PER_SECOND / scale  # real seconds to write every card once
     await asyncio.sleep(max(1.0, one_pass))
     until = time.monotonic() + result.seconds
-    await asyncio.gather(*(runtime.stream(i, sid, every, until) for i, sid in enumerate(sessions)))
+    streams = (runtime.stream(i, sid, every, until, tool_every) for i, sid in enumerate(sessions))
+    await asyncio.gather(*streams)
     # Drain: wait (bounded) until every answered delta was shown, or two passes of the budget.
     deadline = time.monotonic() + max(3.0, 2 * one_pass + 2)
     while True:
@@ -358,6 +375,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="real seconds of streaming")
     parser.add_argument("--scale", type=float, help="scaled seconds per real second (default per size)")
     parser.add_argument("--every-ms", default="300,500", help="min,max real ms between a card's deltas")
+    parser.add_argument("--tool-every", type=int, default=0, help="every Nth delta starts a tool call too")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
@@ -371,7 +389,14 @@ def main() -> None:
             for transport in TRANSPORTS:
                 started = time.monotonic()
                 res = asyncio.run(
-                    one_run(transport, cards=cards, seconds=args.seconds, scale=scale, every=every)
+                    one_run(
+                        transport,
+                        cards=cards,
+                        seconds=args.seconds,
+                        scale=scale,
+                        every=every,
+                        tool_every=args.tool_every,
+                    )
                 )
                 runs[transport].append(res)
                 print(

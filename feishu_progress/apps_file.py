@@ -150,7 +150,7 @@ def _base_url(where: str, domain: Any) -> str:
 
 
 def _rates(where: str, rate: Any, settings: Settings) -> tuple[RateSettings, CardKitSettings]:
-    """This app's budgets: FP_RATE__* / FP_CARDKIT__*, capped by its [rate] table."""
+    """This app's budgets: FP_RATE__*, each API capped by its [rate] table."""
     if rate is None:
         return settings.rate, settings.cardkit
     if not isinstance(rate, dict):
@@ -163,10 +163,9 @@ def _rates(where: str, rate: Any, settings: Settings) -> tuple[RateSettings, Car
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"{where}: rate.{key} must be a number above 0, not {value!r}")
         caps[key] = float(value)
-    cardkit = settings.cardkit.model_copy(
-        update={key: min(getattr(settings.cardkit, key), value) for key, value in caps.items()}
-    )
-    return settings.rate.model_copy(update=caps), cardkit
+    # FP_RATE__APP_PER_* caps every API of the app (the one budget table): capping it caps CardKit too.
+    capped = {key: min(getattr(settings.rate, key), value) for key, value in caps.items()}
+    return settings.rate.model_copy(update=capped), settings.cardkit
 
 
 def _refuse_duplicates(path: str, specs: list[AppSpec]) -> None:

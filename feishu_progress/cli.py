@@ -220,6 +220,8 @@ def _serve(settings: Settings) -> int:
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
         raise SystemExit("feishu-progress: will not serve: " + "; ".join(problems))
     _refuse_unready_database(settings)
+    for note in settings.deprecations():
+        log.warning("%s", note)
     app = create_app(settings)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     try:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, field_validator
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
@@ -116,10 +116,60 @@ class CardSettings(BaseModel):
         return value or None
 
 
+class ApiLimit(BaseModel):
+    """One Open API's app budget (Feishu counts each API on its own, per app and tenant)."""
+
+    per_second: float = Field(default=50, gt=0)
+    per_minute: float = Field(default=1000, gt=0)
+
+
+class ApiLimits(BaseModel):
+    """FP_RATE__API__<API>__PER_SECOND / __PER_MINUTE: every Open API the service calls, with Feishu's
+    documented limit (1000/min and 50/s for each of them; the token endpoint's is not documented and
+    gets the same). The names are the budgets' names (``cluster/limits.py`` ``OpenApi``)."""
+
+    send: ApiLimit = ApiLimit()  # im/v1 message create
+    reply: ApiLimit = ApiLimit()  # im/v1 message reply
+    patch: ApiLimit = ApiLimit()  # im/v1 message PATCH
+    image: ApiLimit = ApiLimit()  # im/v1 image upload
+    card_create: ApiLimit = ApiLimit()  # cardkit/v1 card create
+    card_update: ApiLimit = ApiLimit()  # cardkit/v1 full card update
+    card_settings: ApiLimit = ApiLimit()  # cardkit/v1 card settings (streaming on/off)
+    card_content: ApiLimit = ApiLimit()  # cardkit/v1 element content (streamed text)
+    token: ApiLimit = ApiLimit()  # auth/v3 tenant_access_token
+
+
 class RateSettings(BaseModel):
+    """FP_RATE__*: the one budget table. Each API spends its own budget (``api``), and
+    ``app_per_second`` / ``app_per_minute`` cap every one of them (an operator sharing the app's quota
+    lowers these two and every call the service makes stays below them, whatever the transport)."""
+
     app_per_second: float = Field(default=50, gt=0)
     app_per_minute: float = Field(default=1000, gt=0)
     message_interval_ms: int = Field(default=250, ge=200)  # Feishu allows 5 QPS per message
+    # A create waits at most this long for its send (or card create) budget, then answers 503 with a
+    # Retry-After from the budget; the runtime's retry with its Idempotency-Key finds the same task.
+    create_wait_seconds: float = Field(default=10, gt=0)
+    api: ApiLimits = ApiLimits()
+
+    def for_api(self, api: str) -> RateSettings:
+        """The budget of one Open API: its own limit, capped by ``app_per_*`` (KeyError: no such API)."""
+        own = getattr(self.api, api) if api in ApiLimits.model_fields else None
+        if not isinstance(own, ApiLimit):
+            raise KeyError(f"no budget for Open API {api!r}")
+        return self.model_copy(
+            update={
+                "app_per_second": min(self.app_per_second, own.per_second),
+                "app_per_minute": min(self.app_per_minute, own.per_minute),
+            }
+        )
+
+    @classmethod
+    def lifted(cls, per_second: float, per_minute: float) -> RateSettings:
+        """Every API (and the cap) at the same budget: benchmarks and tests that lift Feishu's limits."""
+        limit = ApiLimit(per_second=per_second, per_minute=per_minute)
+        apis = ApiLimits(**dict.fromkeys(ApiLimits.model_fields, limit))
+        return cls(app_per_second=per_second, app_per_minute=per_minute, api=apis)
 
 
 class CardKitSettings(BaseModel):
@@ -133,16 +183,24 @@ class CardKitSettings(BaseModel):
     text_interval_ms: int = Field(default=150, ge=100)
     # Status, tools, subagents and buttons are rewritten whole at most this often per card.
     panel_interval_ms: int = Field(default=1500, ge=200)
-    # Each CardKit API allows 1000/min and 50/s per app; every CardKit write is charged to one budget
-    # of this size, so no single API can exceed it.
-    app_per_second: float = Field(default=50, gt=0)
-    app_per_minute: float = Field(default=1000, gt=0)
+    # Deprecated (FP_RATE__API__CARD_*__PER_* replace them): when set, the budget of each CardKit API
+    # (create, update, settings, content), still capped by FP_RATE__APP_PER_*; start-up says so.
+    app_per_second: float | None = Field(default=None, gt=0)
+    app_per_minute: float | None = Field(default=None, gt=0)
     # After a create refused for want of the scope, tasks use PATCH; CardKit is tried again this much later.
     scope_recheck_seconds: float = Field(default=600, gt=0)
     # The client's typewriter: characters per step and ms per step ("fast": a newer text shows the
     # rest of the old one at once instead of queueing behind it).
     print_frequency_ms: int = Field(default=40, ge=10, le=1000)
     print_step: int = Field(default=2, ge=1, le=50)
+
+
+CARDKIT_APIS = ("card_create", "card_update", "card_settings", "card_content")
+
+
+def _unless_set(limit: ApiLimit, overrides: dict[str, float]) -> ApiLimit:
+    """``limit`` with the deprecated values, except where the new setting was given explicitly."""
+    return limit.model_copy(update={k: v for k, v in overrides.items() if k not in limit.model_fields_set})
 
 
 class TaskSettings(BaseModel):
@@ -281,6 +339,34 @@ class Settings(BaseSettings):
         """No Feishu credentials and no apps file: cards go to an in-process sandbox."""
         return self.feishu.sandbox and self.apps_file is None
 
+    @model_validator(mode="after")
+    def _fold_deprecated_cardkit_budget(self) -> Settings:
+        # FP_CARDKIT__APP_PER_* keeps working as the CardKit APIs' own budgets (one table, one meaning:
+        # FP_RATE__APP_PER_* still caps them); ``deprecations`` tells the operator at start-up.
+        cardkit = self.cardkit
+        if cardkit.app_per_second is None and cardkit.app_per_minute is None:
+            return self
+        overrides: dict[str, float] = {}
+        if cardkit.app_per_second is not None:
+            overrides["per_second"] = cardkit.app_per_second
+        if cardkit.app_per_minute is not None:
+            overrides["per_minute"] = cardkit.app_per_minute
+        apis = self.rate.api
+        changed = {name: _unless_set(getattr(apis, name), overrides) for name in CARDKIT_APIS}
+        self.rate = self.rate.model_copy(update={"api": apis.model_copy(update=changed)})
+        return self
+
+    def deprecations(self) -> list[str]:
+        """Settings still honoured under an old name: said once at start-up."""
+        notes: list[str] = []
+        if self.cardkit.app_per_second is not None or self.cardkit.app_per_minute is not None:
+            notes.append(
+                "FP_CARDKIT__APP_PER_SECOND / FP_CARDKIT__APP_PER_MINUTE are deprecated: they set the budget "
+                "of each CardKit API (still capped by FP_RATE__APP_PER_*); use "
+                "FP_RATE__API__CARD_UPDATE__PER_SECOND (and CARD_CONTENT, CARD_SETTINGS, CARD_CREATE) instead"
+            )
+        return notes
+
     @property
     def bind_host(self) -> str:
         """FP_HTTP__HOST, else loopback in sandbox mode, else every address."""
@@ -326,13 +412,17 @@ TEST_PREFIX = "FP_TEST_"  # the test suite's own variables (tests/conftest.py), 
 
 def setting_names() -> list[str]:
     """Every FP_* variable the settings read (nested groups joined with ``__``)."""
+    return _names_of(Settings, "FP_")
+
+
+def _names_of(model: type[BaseModel], prefix: str) -> list[str]:
     names: list[str] = []
-    for name, info in Settings.model_fields.items():
+    for name, info in model.model_fields.items():
         group = info.annotation
-        if isinstance(group, type) and issubclass(group, BaseModel):
-            names.extend(f"FP_{name.upper()}__{sub.upper()}" for sub in group.model_fields)
+        if isinstance(group, type) and issubclass(group, BaseModel):  # a group (FP_RATE__API__SEND__...)
+            names.extend(_names_of(group, f"{prefix}{name.upper()}__"))
         else:
-            names.append(f"FP_{name.upper()}")
+            names.append(f"{prefix}{name.upper()}")
     return names
 
 

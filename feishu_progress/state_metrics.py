@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from feishu_progress.config import ApiLimits
 from feishu_progress.services import Services
 
 
@@ -54,11 +55,12 @@ class StateCollector(Collector):
         )
         use = GaugeMetricFamily(
             "fp_budget_minute_use_ratio",
-            "Share of this instance's per-minute app budget held now, per Open API (1 = exhausted).",
-            labels=["api"],
+            "Share of this instance's per-minute budget held now, per app and Open API (1 = exhausted).",
+            labels=["app", "api"],
         )
-        use.add_metric(["message_patch"], scheduler.budget.minute_use(now))
-        use.add_metric(["cardkit"], scheduler.cardkit_budget.minute_use(now))
+        for app in services.apps or ():
+            for api in ApiLimits.model_fields:
+                use.add_metric([app.name, api], app.scheduler.budget_of(api).minute_use(now))
         yield use
 
     def _cluster(self) -> Iterator[Metric]:

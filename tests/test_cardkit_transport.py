@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
-from feishu_progress.config import CardKitSettings, CardSettings
+from feishu_progress.config import CardKitSettings, CardSettings, RateSettings
 from feishu_progress.demo import (
     ANSWERS_FORM,
     APP_ID,
@@ -52,9 +52,15 @@ async def service(
     *,
     cardkit: CardKitSettings | None = None,
     transport: Literal["cardkit", "patch"] = "cardkit",
+    rate: RateSettings | None = None,
 ) -> AsyncIterator[DemoRun]:
     """The service with SQLite in a temp dir, against a sandbox, driven like the demo (runtime + clicks)."""
-    settings = {"card": CardSettings(transport=transport), "cardkit": cardkit or CardKitSettings()}
+    settings: dict[str, Any] = {
+        "card": CardSettings(transport=transport),
+        "cardkit": cardkit or CardKitSettings(),
+    }
+    if rate is not None:
+        settings["rate"] = rate
     with tempfile.TemporaryDirectory(prefix="fp-cardkit-") as tmp:
         async with demo_service(Path(tmp), quiet, sandbox=config, settings=settings) as run:
             yield run
@@ -323,3 +329,54 @@ def test_sequences_rise_across_epochs() -> None:
     old, new = CardStream("c1", fence=1), CardStream("c1", fence=2)
     olds = [old.next_sequence() for _ in range(1000)]
     assert olds == sorted(olds) and new.next_sequence() > max(olds)
+
+
+async def test_the_cut_marker_moves_while_only_the_text_streams() -> None:
+    """Issue 25 item 13: past the card's size the answer's head stays and only …(已截断 N 字…) grows."""
+    async with service() as run:
+        await run.create_task("长文")
+        head = "长" * 20_000  # ~60 KB of UTF-8: far past the card's 30 KB, the card shows a cut head
+        await run.send({"type": "status", "status": "RUNNING", "round": 1}, {"type": "content", "text": head})
+        message = run.sandbox.state.messages[run.message_id]
+        await until(lambda: cut_count(message.card) is not None)
+        first = cut_count(message.card)
+        assert first is not None
+        await run.send({"type": "content_delta", "text": "续" * 500})
+        started = time.monotonic()
+        await until(lambda: cut_count(message.card) == first + 500, timeout=2.5)
+        assert time.monotonic() - started <= 2.5
+        assert rate_limited(run) == 0
+
+
+def cut_count(card: Mapping[str, Any]) -> int | None:
+    """N of the card's …(已截断 N 字…) marker after its answer, None when it has none."""
+    for element in card.get("body", {}).get("elements", []):
+        content = element.get("content") if isinstance(element, Mapping) else None
+        if isinstance(content, str) and content.startswith("…(已截断 "):
+            return int(content.removeprefix("…(已截断 ").split(" ")[0].replace(",", ""))
+    return None
+
+
+def test_plan_writes_the_panels_when_only_the_cut_moved() -> None:
+    moved = plan(
+        fresh(cut="c1"),
+        panel_version=1,
+        text="a",
+        streams=True,
+        urgent=False,
+        now=1.6,
+        pacing=PACING,
+        cut="c2",
+    )
+    assert moved.ops == (Op.FULL,)
+    early = plan(
+        fresh(cut="c1"),
+        panel_version=1,
+        text="ab",
+        streams=True,
+        urgent=False,
+        now=1.0,
+        pacing=PACING,
+        cut="c2",
+    )
+    assert early.ops == (Op.TEXT,) and early.owed_at == 1.5  # the marker at the panels' time

@@ -283,7 +283,8 @@ def test_an_apps_file_takes_its_secrets_only_by_env_reference(tmp_path: Path) ->
     assert spec.feishu.app_secret is not None and spec.feishu.app_secret.get_secret_value() == "s3cr3t-value"
     assert spec.feishu.base_url == "https://open.larksuite.com"  # Lark international
     assert (spec.rate.app_per_second, spec.rate.app_per_minute) == (20, 600)
-    assert (spec.cardkit.app_per_second, spec.cardkit.app_per_minute) == (20, 600)  # every API capped
+    card_content = spec.rate.for_api("card_content")  # every API of the app is capped, CardKit's too
+    assert (card_content.app_per_second, card_content.app_per_minute) == (20, 600)
     assert "s3cr3t-value" not in repr(spec)  # never printed
 
 

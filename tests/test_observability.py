@@ -125,7 +125,9 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
     async with asyncio.timeout(10):
         while sample("fp_oldest_pending_final_seconds") < 0.2:  # the final waits, and ages
             await asyncio.sleep(0.05)
-    assert sample("fp_budget_minute_use_ratio", {"api": "message_patch"}) > 0  # the failed tries count
+    assert (
+        sample("fp_budget_minute_use_ratio", {"app": "default", "api": "patch"}) > 0
+    )  # the failed tries count
     sandbox.state.faults.clear()
     async with asyncio.timeout(15):
         while sample("fp_oldest_pending_final_seconds") > 0:  # delivered: nothing waits

@@ -403,9 +403,11 @@ def _subagent_section(card: Any) -> str | None:
     return None
 
 
-async def _card_section(sandbox: RunningSandbox, message_id: str, expected: str | None) -> None:
+async def _card_section(
+    sandbox: RunningSandbox, message_id: str, expected: str | None, timeout: float = 5.0
+) -> None:
     """Wait (bounded) until the card Feishu last received shows ``expected`` as its 子代理 section."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + timeout
     while (section := _subagent_section(sandbox.state.messages[message_id].card)) != expected:
         assert time.monotonic() < deadline, f"the card shows {section!r}, not {expected!r}"
         await asyncio.sleep(0.05)
@@ -481,6 +483,35 @@ async def test_the_card_shows_exactly_the_agents_running_subagents(
     assert service_db is not None
     async with service_db.engine.connect() as connection:  # nothing went to our own copy either
         assert await connection.scalar(select(func.count()).select_from(SubagentExecution)) == 0
+
+
+async def test_on_cardkit_a_subagent_finished_in_the_agents_database_leaves_the_card_at_the_next_text(
+    client: TestClient[Any, Any], sandbox: RunningSandbox, agent: AgentDatabase
+) -> None:
+    """Issue 25 item 13: no subagent event says it finished; a text-only change must carry the panels."""
+    created = await _create(client)
+    assert created.status == 201, await created.text()
+    message_id = (await created.json())["message_id"]
+    assert sandbox.state.messages[message_id].card_id is not None  # the CardKit transport
+    explorer = await agent.add_execution(PARENT, title="后台子代理(explorer): 排查卡片进度链路")
+    worker = await agent.add_execution(PARENT, agent_type="worker", title="实现子代理展示")
+    await _events(
+        client,
+        {"type": "status", "status": "RUNNING", "round": 1},
+        {"type": "content_delta", "text": "开始"},
+        {"type": "subagent_started", "task_id": str(explorer), "agent_type": "explorer"},
+        {"type": "subagent_started", "task_id": str(worker), "agent_type": "worker"},
+    )
+    both = "\n".join((HEADING.format(count=2), "- 调研 · 排查卡片进度链路", "- 开发 · 实现子代理展示"))
+    await _card_section(sandbox, message_id, both)
+    await agent.set_status(worker, "COMPLETED")  # only the agent's row says so
+    await asyncio.sleep(1.1)  # past the running list's 1 s cache (seed 002 §4.1): the next load sees it
+    await _events(client, {"type": "content_delta", "text": ",继续输出"})
+    await _card_section(
+        sandbox, message_id, "\n".join((HEADING.format(count=1), "- 调研 · 排查卡片进度链路")), timeout=2.0
+    )
+    entity = sandbox.state.cardkit.cards[sandbox.state.messages[message_id].card_id or ""]
+    assert entity.record.streams, "the text streamed (element content) as well"
 
 
 async def test_readyz_checks_the_agent_database(client: TestClient[Any, Any]) -> None:

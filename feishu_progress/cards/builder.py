@@ -54,6 +54,7 @@ CONTENT_OVERHEAD_BYTES = 64
 MARKER_RESERVE_BYTES = 1024
 # The answer text's element: a CardKit card streams its text into it (it is harmless in a PATCHed card).
 ANSWER_ELEMENT_ID = "fp_answer"
+ANSWER_CUT_ELEMENT_ID = "fp_answer_cut"  # the …(已截断 N 字…) marker after a cut answer
 
 
 def build_progress_card(model: CardModel) -> dict[str, Any]:
@@ -184,7 +185,8 @@ def _content_elements(
     shown = cut_index(content, fitting)
     dropped = original_chars - shown
     elements = [_answer_element(_render_content(content[:shown]).rstrip() or "…")]
-    elements.append(langs.md_msg(counted("card.truncated", dropped)))
+    # Its own id: a CardKit writer streaming only the answer text can tell the cut moved (its count).
+    elements.append({**langs.md_msg(counted("card.truncated", dropped)), "element_id": ANSWER_CUT_ELEMENT_ID})
     return elements
 
 
@@ -192,4 +194,10 @@ def _answer_element(markdown: str) -> dict[str, Any]:
     return {"tag": "markdown", "element_id": ANSWER_ELEMENT_ID, "content": markdown}
 
 
-__all__ = ["ANSWER_ELEMENT_ID", "build_degraded_card", "build_progress_card", "status_parts"]
+__all__ = [
+    "ANSWER_CUT_ELEMENT_ID",
+    "ANSWER_ELEMENT_ID",
+    "build_degraded_card",
+    "build_progress_card",
+    "status_parts",
+]

@@ -1,10 +1,11 @@
 """The app budget shared by every instance through Redis, with a local fallback when Redis is out of reach.
 
-Feishu's budget is per app and per API (``OpenApi``): the SUM of every instance's calls must stay within
-FP_RATE__APP_PER_SECOND and FP_RATE__APP_PER_MINUTE. Each decision is one Lua script on Redis
-(``scripts.TAKE``): it honours the shared ``blocked_until`` written by ``pause`` and checks both GCRA
-windows on Redis's clock, writing both only when both allow. Per-card pacing and fairness stay in each
-instance's scheduler; this class only says "go" or "wait this long".
+Feishu's budget is per app and per API (``OpenApi``): the SUM of every instance's calls of one API must stay
+within that API's budget in the one table (``RateSettings.for_api``: its own limit, capped by
+FP_RATE__APP_PER_SECOND and FP_RATE__APP_PER_MINUTE) — the same table a single instance spends. Each
+decision is one Lua script on Redis (``scripts.TAKE``): it honours the shared ``blocked_until`` written
+by ``pause`` and checks both GCRA windows on Redis's clock, writing both only when both allow. Per-card
+pacing and fairness stay in each instance's scheduler; this class only says "go" or "wait this long".
 
 Use (from the task that is about to call the API, before building the request)::
 
@@ -145,7 +146,7 @@ class _LocalShares:
         known = self._shares.get(api)
         if known is not None and known[0] == instances:
             return known[1]
-        share = AppBudget(self._tuning.local_share(self._rate, instances), now)
+        share = AppBudget(self._tuning.local_share(self._rate.for_api(api.value), instances), now)
         if known is not None:
             share.pause_until(known[1].paused_until)  # a pause outlives a change of the share
         self._shares[api] = (instances, share)
@@ -176,7 +177,8 @@ class SharedBudget:
         self._app_id = app_id
         self._clock = clock
         self._tuning = tuning if tuning is not None else SharedBudgetTuning()
-        self._windows: BudgetWindows = self._tuning.windows(rate)
+        # Each API's own windows, from the one budget table (FP_RATE__API__*, capped by FP_RATE__APP_PER_*).
+        self._windows = {api: self._tuning.windows(rate.for_api(api.value)) for api in OpenApi}
         self._local = _LocalShares(rate, self._tuning, live_instances)
         self._metrics = metrics if metrics is not None else Metrics()
         self._timeout = timeout
@@ -202,8 +204,12 @@ class SharedBudget:
 
     @property
     def windows(self) -> BudgetWindows:
-        """The GCRA windows derived from the rate settings and the tuning."""
-        return self._windows
+        """The message PATCH API's GCRA windows (``windows_of`` for another API)."""
+        return self._windows[OpenApi.PATCH]
+
+    def windows_of(self, api: OpenApi) -> BudgetWindows:
+        """``api``'s GCRA windows, derived from its budget in the rate settings and the tuning."""
+        return self._windows[api]
 
     @property
     def mode(self) -> BudgetMode:
@@ -274,7 +280,7 @@ class SharedBudget:
         self.settle(grant)  # the local share cannot un-count: its slot frees one window from now
         if grant.redis_tats is None or self._status.mode is not BudgetMode.SHARED:
             return False
-        short, long = self._windows.short, self._windows.long
+        short, long = self._windows[grant.api].short, self._windows[grant.api].long
         args: list[int | str] = [*grant.redis_tats, short.interval_us, long.interval_us]
         try:
             reply = await self._redis_call(self._refund, grant.api, args)
@@ -310,7 +316,7 @@ class SharedBudget:
         return attempt
 
     async def _try_shared(self, api: OpenApi, urgent: bool, counted: AppBudget | None = None) -> Attempt:
-        short, long = self._windows.short, self._windows.long
+        short, long = self._windows[api].short, self._windows[api].long
         args: list[int | str] = [
             short.interval_us,
             _tolerance(short, urgent),

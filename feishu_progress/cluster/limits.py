@@ -21,7 +21,8 @@ from feishu_progress.config import RateSettings
 
 
 class OpenApi(StrEnum):
-    """The Open APIs whose app budgets are separate at Feishu (each 50/s and 1000/min by default)."""
+    """The Open APIs whose app budgets are separate at Feishu (each 50/s and 1000/min by default): the
+    names of ``config.ApiLimits``' fields, whose budgets (``RateSettings.for_api``) the windows follow."""
 
     PATCH = "patch"  # im/v1 message PATCH
     SEND = "send"  # im/v1 message create
@@ -31,6 +32,7 @@ class OpenApi(StrEnum):
     CARD_UPDATE = "card_update"  # cardkit/v1 card full update
     CARD_SETTINGS = "card_settings"  # cardkit/v1 card settings (streaming on/off)
     CARD_CONTENT = "card_content"  # cardkit/v1 element content (streamed text)
+    TOKEN = "token"  # auth/v3 tenant_access_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ class SharedBudgetTuning:
     long_window: float = 60.0
 
     def windows(self, rate: RateSettings) -> BudgetWindows:
-        """The GCRA windows for FP_RATE__APP_PER_SECOND / FP_RATE__APP_PER_MINUTE."""
+        """The GCRA windows for ``rate``'s app_per_second / app_per_minute (one API's: ``for_api``)."""
         return BudgetWindows(
             short=self._window(rate.app_per_second, self.short_window, self.short_burst_share),
             long=self._window(rate.app_per_minute, self.long_window, self.long_burst_share),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Protocol
 
 from feishu_progress.bounded import BoundedCache
@@ -32,6 +33,12 @@ class ImageClient(Protocol):
     async def upload_image(self, data: bytes) -> str: ...
 
 
+class UploadBudget(Protocol):
+    """The image upload API's app budget (the delivery scheduler's ``admit``): waits for room."""
+
+    def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
+
+
 class UploadAbandoned(FeishuProgressError):
     """The upload another caller was waiting for was cancelled before it finished."""
 
@@ -45,8 +52,10 @@ class ImageUploads:
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         max_entries: int = IMAGE_KEY_CACHE_ENTRIES,
+        budget: UploadBudget | None = None,
     ) -> None:
         self._client = client
+        self._budget = budget  # every upload within the image API's budget (FP_RATE__API__IMAGE__*)
         self._slots = asyncio.Semaphore(concurrency)
         self._keys: BoundedCache[str, str] = BoundedCache(max_entries)  # least recently used leaves first
         self._flights: dict[str, asyncio.Future[str]] = {}
@@ -80,7 +89,8 @@ class ImageUploads:
         flight: asyncio.Future[str] = shared_future()
         self._flights[digest] = flight
         try:
-            image_key = await self._client.upload_image(data)
+            async with nullcontext() if self._budget is None else self._budget.admit("image"):
+                image_key = await self._client.upload_image(data)
         except BaseException as exc:
             fail_all([flight], exc if isinstance(exc, Exception) else UploadAbandoned())
             raise

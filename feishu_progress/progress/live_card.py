@@ -97,6 +97,7 @@ class LiveCard:
         # already settled for the message, which made it think the new state was delivered.
         self._version = next(_VERSIONS)
         self._panel_version = 0  # grows when anything but the answer text changes
+        self._text_version = 0  # grows when the answer text changes
         self._changed_at = clock.monotonic()
         self._subagents: tuple[SubagentSummary, ...] = ()
         self._subagents_loaded_at: float | None = None
@@ -132,6 +133,17 @@ class LiveCard:
         return self._panel_version
 
     @property
+    def text_version(self) -> int:
+        """Grows on every change of the answer text (a CardKit writer knows before building whether the
+        next write streams text, so it takes that API's budget)."""
+        return self._text_version
+
+    @property
+    def streams(self) -> bool:
+        """Whether a CardKit card streams its text now: only while the task runs (not while it waits)."""
+        return self._state.status is TaskStatus.RUNNING
+
+    @property
     def changed_at(self) -> float:
         """Monotonic time of the newest recorded change."""
         return self._changed_at
@@ -160,7 +172,7 @@ class LiveCard:
 
         # The version is taken before the load: anything recorded while the load runs (a subagent that
         # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
-        version, changed_at, panel_version = self._version, self._changed_at, self._panel_version
+        version, changed_at = self._version, self._changed_at
         if self._state.status is TaskStatus.RUNNING:
             await self._load_subagents()
         builder = self._build_degraded_card if degraded else self._build_card
@@ -168,8 +180,9 @@ class LiveCard:
             version=version,
             changed_at=changed_at,
             card=builder(self._model()),
-            panel_version=panel_version,
-            streams=self._state.status is TaskStatus.RUNNING,  # never while waiting for the user
+            panel_version=self._panel_version,  # after the load: a list it changed is a panel change
+            streams=self.streams,
+            text_version=self._text_version,
         )
 
     # -- write side: record and wake, never build or send -----------------------------------------
@@ -184,6 +197,8 @@ class LiveCard:
             self._subagents_loaded_at = None
         if not _same_panels(state, self._state):
             self._panel_version += 1
+        if state.content != self._state.content or state.content_chars != self._state.content_chars:
+            self._text_version += 1
         self._state = state
         self._touch(urgent=urgent)
 
@@ -233,6 +248,13 @@ class LiveCard:
             self._count_cache("miss")
             await self._run_load(self._source)
 
+    def _show_subagents(self, loaded: tuple[SubagentSummary, ...]) -> None:
+        # A list that changed without an event (attach mode: a row turned COMPLETED in the agent's own
+        # database) changes the panels: a CardKit card must rewrite them, not only stream the text.
+        if loaded != self._subagents:
+            self._panel_version += 1
+        self._subagents = loaded
+
     def _count_cache(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.subagent_cache.labels(result=result).inc()
@@ -247,7 +269,7 @@ class LiveCard:
             log.debug("subagents of session %s unavailable; keeping the last list", self.session_id)
         else:
             if self._state.status is TaskStatus.RUNNING:  # the task may have ended during the load
-                self._subagents = tuple(loaded)
+                self._show_subagents(tuple(loaded))
         finally:
             running = self._state.status is TaskStatus.RUNNING
             # A subagent changed while we were reading: this list may predate it, so it is not cached
@@ -256,6 +278,11 @@ class LiveCard:
             if running and not stale:  # a failed load is cached too: no hammering
                 self._subagents_loaded_at = self._clock.monotonic()
             self._loads_done += 1
+
+
+def _answer_shown(state: CardState) -> bool:
+    """Whether the card has an answer element (a CardKit card can only create it with a whole write)."""
+    return bool(state.content.strip())
 
 
 def _same_panels(new: CardState, old: CardState) -> bool:
@@ -272,4 +299,5 @@ def _same_panels(new: CardState, old: CardState) -> bool:
         and new.error == old.error
         and new.image_keys == old.image_keys
         and new.finished_at == old.finished_at
+        and _answer_shown(new) == _answer_shown(old)
     )

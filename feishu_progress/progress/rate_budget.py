@@ -1,4 +1,5 @@
-"""The app-wide PATCH budget: Feishu's 50/s and 1000/min per app, never exceeded, spent smoothly.
+"""The app budgets: each Open API's own (Feishu's 50/s and 1000/min per app by default, capped by
+FP_RATE__APP_PER_*), never exceeded, spent smoothly. ``BudgetTable`` holds one ``AppBudget`` per API.
 
 Two exact sliding windows are the hard guarantee (no 1 s window ever holds more than ``app_per_second``
 starts, no 60 s window more than ``app_per_minute``). A plain token bucket alone would not give that (a
@@ -99,6 +100,7 @@ class AppBudget:
         self._minute = SlidingWindow(per_minute, 60.0)
         self._spread = TokenBucket(capacity=per_second, rate=per_minute / 60.0, now=now)
         self._paused_until = -math.inf
+        self.rate = min(float(per_second), per_minute / 60.0)  # calls per second it sustains
 
     @property
     def paused_until(self) -> float:
@@ -136,3 +138,19 @@ class AppBudget:
     def pause_until(self, until: float) -> None:
         """Stop spending until ``until`` (never shortens a longer pause)."""
         self._paused_until = max(self._paused_until, until)
+
+
+class BudgetTable:
+    """One ``AppBudget`` per Open API (``RateSettings.for_api``), made on first use: the one table every
+    call of this process is charged to, card writes and the calls that are not (sends, creates)."""
+
+    def __init__(self, rate: RateSettings) -> None:
+        self._rate = rate
+        self._budgets: dict[str, AppBudget] = {}
+
+    def get(self, api: str, now: float) -> AppBudget:
+        """``api``'s budget (KeyError for an API the table does not know)."""
+        budget = self._budgets.get(api)
+        if budget is None:
+            budget = self._budgets[api] = AppBudget(self._rate.for_api(api), now)
+        return budget

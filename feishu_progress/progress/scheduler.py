@@ -5,8 +5,10 @@ Rules (docs/architecture.md, "Flow" step 3):
   changes during the flight cause one more write afterwards);
 - at least ``message_interval`` between two PATCH starts of one message; a CardKit card (its text
   streams) is written every ``text_interval``, its panels at their own pace (``PARTIAL`` outcomes);
-- one app-wide budget per transport (``AppBudget``: the message PATCH API's, and one every CardKit write
-  is charged to), charged when a write starts, retries included;
+- every Open API its own app-wide budget (``BudgetTable``): a write takes the budget of each API it will
+  call before it starts (a PATCH: the PATCH API's; a CardKit write: those its writer names from the
+  card's versions, e.g. text by the element-content API's, panels by the card-update API's), retries
+  included;
 - under pressure: terminal states and urgent refreshes first, then the card that has waited longest;
 - every ``PatchOutcome`` is acted on, nothing is retried forever, every give-up is logged.
 
@@ -21,7 +23,7 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,21 +31,34 @@ from typing import Any, Protocol
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.backoff import backoff_delay
 from feishu_progress.config import CardKitSettings, RateSettings
+from feishu_progress.errors import FeishuProgressError
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import CardSink, Clock, OutcomeKind, PatchOutcome
 from feishu_progress.progress.breaker import OutageBreaker
-from feishu_progress.progress.card_stream import CardStream
-from feishu_progress.progress.rate_budget import AppBudget
+from feishu_progress.progress.card_stream import WRITE_APIS, CardStream, WriteChoices
+from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.waiting import event_or_timeout
 
 log = logging.getLogger(__name__)
 
 # Never spin: a wake time already due (or missed by a rounding error) still waits this long.
 _MIN_SLEEP = 0.001
+# An admission whose budget is all held by calls still out looks again this often (it used to sleep for
+# ever: ``next_available`` is ``inf`` until a call ends, and nothing woke it).
+_ADMIT_POLL = 0.05
 # A card whose send the gate refused (no lease right now) is looked at again this much later.
 NOT_NOW_SECONDS = 0.5
 PATCH = "patch"  # the budget (and the cluster budget's API) of message PATCHes
-CARDKIT = "card_update"  # the one budget every CardKit write is charged to (at most one call per API)
+_PATCH_CHOICES = WriteChoices(((PATCH,),))  # a PATCHed card's every write
+
+
+class BudgetBusy(FeishuProgressError):
+    """A call (not a card write) would wait for its API's budget past its bound."""
+
+    def __init__(self, api: str, retry_after: int) -> None:
+        super().__init__(f"the {api} budget is busy: try again in {retry_after} s")
+        self.api = api
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,7 @@ class Delivery:
     card: Mapping[str, Any]
     panel_version: int = 0  # the version of everything but the answer text (CardKit paces them apart)
     streams: bool = False  # a CardKit card streams its text in this state (off while it waits or ended)
+    text_version: int = 0  # the version of the answer text
 
 
 class Deliverable(Protocol):
@@ -65,6 +81,15 @@ class Deliverable(Protocol):
 
     @property
     def version(self) -> int: ...
+
+    @property
+    def panel_version(self) -> int: ...
+
+    @property
+    def text_version(self) -> int: ...
+
+    @property
+    def streams(self) -> bool: ...
 
     @property
     def is_terminal(self) -> bool: ...
@@ -94,6 +119,10 @@ class DeliveryGate(Protocol):
 class StreamWriter(Protocol):
     """Writes a built card to its CardKit card entity (feishu/cardkit_sink.py ``CardKitWriter``)."""
 
+    def plan_write(
+        self, stream: CardStream, *, panel_version: int, text_version: int, streams: bool, urgent: bool
+    ) -> WriteChoices: ...
+
     async def write(
         self,
         stream: CardStream,
@@ -102,6 +131,8 @@ class StreamWriter(Protocol):
         panel_version: int,
         streams: bool,
         urgent: bool,
+        text_version: int | None = None,
+        allowed: Collection[str] | None = None,
     ) -> PatchOutcome: ...
 
 
@@ -162,14 +193,11 @@ class _Slot:
     degraded: bool = False
     probe: bool = False  # this flight is the outage breaker's probe
     owed_at: float | None = None  # CardKit: the text went out, the rest of the card is due then
+    flight_apis: tuple[str, ...] = ()  # the Open APIs whose budget this flight holds
 
     @property
     def has_news(self) -> bool:
         return self.card.version != self.settled_version or self.owed_at is not None
-
-    @property
-    def api(self) -> str:
-        return PATCH if self.card.stream is None else CARDKIT
 
     def ready_at(self) -> float:
         """When this card (it has news) may be written next."""
@@ -212,20 +240,13 @@ class DeliveryScheduler:
         self._sink = sink
         self._streams = streams
         self._clock = clock
-        self._intervals = {
-            PATCH: rate.message_interval_ms / 1000.0,
-            CARDKIT: cardkit.text_interval_ms / 1000.0,
-        }
-        self._interval = self._intervals[PATCH]
-        self._budget = AppBudget(rate, clock.monotonic())
-        cardkit_rate = RateSettings(
-            app_per_second=cardkit.app_per_second, app_per_minute=cardkit.app_per_minute
-        )
-        self._budgets = {PATCH: self._budget, CARDKIT: AppBudget(cardkit_rate, clock.monotonic())}
-        # Calls that are not card writes (a first card's send or reply, a card entity's create), each API
-        # on its own budget: a burst of new tasks must not meet Feishu's limit either.
-        self._rate = rate
-        self._admissions: dict[str, AppBudget] = {}
+        self._interval = rate.message_interval_ms / 1000.0  # a PATCHed message
+        self._stream_interval = cardkit.text_interval_ms / 1000.0  # a CardKit card
+        # Every Open API's own budget (FP_RATE__*), card writes and the calls that are not (a first
+        # card's send or reply, a card entity's create) alike: a burst of new tasks must not meet
+        # Feishu's limit either.
+        self._table = BudgetTable(rate)
+        self._queued: dict[str, int] = {}  # callers waiting in ``admit``, by API
         # The budgets some card has used: a pass can stop early only when each of these is spent (an
         # unused budget, e.g. CardKit's with FP_CARD__TRANSPORT=patch, must not make every pass a full scan).
         self._apis: set[str] = set()
@@ -251,12 +272,13 @@ class DeliveryScheduler:
     @property
     def budget(self) -> AppBudget:
         """The app-wide PATCH budget (read-only use: admin pages, tests)."""
-        return self._budget
+        return self._budget_of(PATCH)
 
-    @property
-    def cardkit_budget(self) -> AppBudget:
-        """The app-wide budget of CardKit writes (read-only use: admin pages, tests)."""
-        return self._budgets[CARDKIT]
+    def budget_of(self, api: str) -> AppBudget:
+        """One Open API's app-wide budget (read-only use outside the scheduler: admin pages, tests)."""
+        return self._table.get(api, self._clock.monotonic())
+
+    _budget_of = budget_of
 
     def start(self) -> None:
         """Start the dispatcher task (inside a running event loop)."""
@@ -294,22 +316,54 @@ class DeliveryScheduler:
         return {message_id for message_id, slot in self._slots.items() if slot.sending}
 
     @asynccontextmanager
-    async def admit(self, api: str) -> AsyncIterator[None]:
+    async def admit(self, api: str, *, max_wait: float | None = None) -> AsyncIterator[None]:
         """Make one call that is not a card write within ``api``'s app budget (and, in cluster mode, the
-        budget every instance shares); waits for it. New tasks go ahead of card updates: urgent."""
-        budget = self._admissions.get(api)
-        if budget is None:
-            budget = self._admissions[api] = AppBudget(self._rate, self._clock.monotonic())
-        while not budget.try_take(now := self._clock.monotonic(), urgent=True):
-            await self._clock.sleep(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP))
-        # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
-        grant = None if self.gate is None else await self.gate.enter(api, urgent=True)
+        budget every instance shares); waits for it. New tasks go ahead of card updates: urgent.
+
+        ``max_wait``: never wait longer — ``BudgetBusy`` (with when to try again, from the budget's
+        rate and the callers queued for it) at once when the queue cannot drain in time, or at the bound.
+        """
+        budget = self._budget_of(api)
+        deadline = math.inf if max_wait is None else self._clock.monotonic() + max_wait
+        self._queued[api] = self._queued.get(api, 0) + 1
+        try:
+            if max_wait is not None and self._queued[api] / budget.rate > max_wait:
+                raise self._busy(api, budget)
+            while not budget.try_take(now := self._clock.monotonic(), urgent=True):
+                if now >= deadline:
+                    raise self._busy(api, budget)
+                # Every slot held by a call still out (``inf``): look again soon, a call's end frees one.
+                wait = min(max(budget.next_available(now, urgent=True) - now, _MIN_SLEEP), _ADMIT_POLL)
+                await self._clock.sleep(min(wait, max(deadline - now, _MIN_SLEEP)))
+        finally:
+            self._queued[api] -= 1
+        try:
+            grant = await self._admitted_by_gate(api, budget, deadline)
+        except BaseException:
+            budget.settle(self._clock.monotonic())
+            raise
         try:
             yield
         finally:
             budget.settle(self._clock.monotonic())
             if self.gate is not None and grant is not None:
                 self.gate.leave(grant)
+
+    async def _admitted_by_gate(self, api: str, budget: AppBudget, deadline: float) -> object | None:
+        # Without the lease (cluster mode) the gate refuses: the call goes ahead on the local budget alone.
+        if self.gate is None:
+            return None
+        remaining = deadline - self._clock.monotonic()
+        try:
+            async with asyncio.timeout(None if math.isinf(remaining) else max(remaining, _MIN_SLEEP)):
+                return await self.gate.enter(api, urgent=True)
+        except TimeoutError:
+            raise self._busy(api, budget) from None
+
+    def _busy(self, api: str, budget: AppBudget) -> BudgetBusy:
+        """Past the bound: try again when the callers queued now have had their turn."""
+        retry_after = max(1, math.ceil((self._queued.get(api, 0) + 1) / budget.rate))
+        return BudgetBusy(api, retry_after)
 
     def notify(self, card: Deliverable, *, urgent: bool = False) -> None:
         """Note that ``card`` has a newer state; ``urgent`` puts it ahead of ordinary updates."""
@@ -319,7 +373,7 @@ class DeliveryScheduler:
         if slot is None:
             slot = self._slots[card.message_id] = self._new_slot(card)
         slot.card = card
-        self._apis.add(slot.api)  # the card may have been re-attached with another transport
+        self._apis.update(self._write_apis(card))  # the card may have been re-attached with another transport
         newly_pending = slot.waiting_since is None
         if newly_pending:
             slot.waiting_since = self._clock.monotonic()
@@ -331,8 +385,49 @@ class DeliveryScheduler:
 
     def _new_slot(self, card: Deliverable) -> _Slot:
         slot = _Slot(card)
-        self._apis.add(slot.api)
+        self._apis.update(self._write_apis(card))
         return slot
+
+    def _write_apis(self, card: Deliverable) -> tuple[str, ...]:
+        """The APIs a card's writes spend (a pass may stop early only when each of these is spent)."""
+        return (PATCH,) if card.stream is None or self._streams is None else WRITE_APIS
+
+    def _choices(self, slot: _Slot) -> WriteChoices:
+        """The Open APIs the card's next write may call, best first, decided before it takes budgets."""
+        card = slot.card
+        if card.stream is None or self._streams is None:
+            return _PATCH_CHOICES
+        return self._streams.plan_write(
+            card.stream,
+            panel_version=card.panel_version,
+            text_version=card.text_version,
+            streams=card.streams,
+            urgent=slot.urgent or card.is_terminal,
+        )
+
+    def _budgeted(
+        self, choices: tuple[tuple[str, ...], ...], now: float, spent: dict[str, float], *, urgent: bool
+    ) -> tuple[str, ...] | None:
+        """The first choice whose budgets all had room, now taken (None: none; ``spent`` learns why)."""
+        for apis in choices:
+            if any(api in spent for api in apis):
+                continue
+            blocked = self._take(apis, now, urgent=urgent)  # terminal or urgent first
+            if not blocked:
+                return apis
+            # More are ready: the budget decides when the best of them may go.
+            spent.update(blocked)
+        return None
+
+    def _take(self, apis: tuple[str, ...], now: float, *, urgent: bool) -> dict[str, float]:
+        """Take one slot of each API's budget, all or none: {} when taken, else when each full one frees."""
+        blocked = {
+            api: at for api in apis if (at := self._budget_of(api).next_available(now, urgent=urgent)) > now
+        }
+        if not blocked:
+            for api in apis:
+                self._budget_of(api).try_take(now, urgent=urgent)
+        return blocked
 
     def hold(self, card: Deliverable, seconds: float) -> None:
         """Send nothing of ``card`` for ``seconds`` (a card taken from a dead instance: its last write may
@@ -401,17 +496,14 @@ class DeliveryScheduler:
             return None if math.isinf(budget_at) else budget_at
         ready, earliest = self._ready(now)
         spent: dict[str, float] = {}  # budgets found spent in this pass, and when they refill
-        while ready and len(spent) < len(self._apis):
+        while ready and not self._apis <= spent.keys():
             priority, _, slot = heapq.heappop(ready)
-            api = slot.api
-            if api in spent:
-                continue  # its budget is spent: it waits for it (next pass)
-            budget = self._budgets[api]
-            if not budget.try_take(now, urgent=priority[0] == 0):  # terminal or urgent first
-                # More are ready: the budget decides when the best of them may go.
-                spent[api] = budget.next_available(now, urgent=priority[0] == 0)
-                continue
-            self._launch(slot, now)
+            choices = self._choices(slot)
+            apis = self._budgeted(choices.apis, now, spent, urgent=priority[0] == 0)
+            if apis is not None:
+                self._launch(slot, now, apis)
+            else:  # a budget it needs is spent: it waits for it, or for another choice (panels due)
+                earliest = min(earliest, max(choices.changes_at, now + _MIN_SLEEP))
         earliest = min(earliest, *spent.values()) if spent else earliest
         if math.isinf(earliest):
             return None
@@ -420,7 +512,7 @@ class DeliveryScheduler:
 
     def _budget_at(self, now: float) -> float:
         """The soonest any budget a card uses has room (each of them spent: nothing can start before)."""
-        return min((self._budgets[api].next_available(now, urgent=True) for api in self._apis), default=now)
+        return min((self._budget_of(api).next_available(now, urgent=True) for api in self._apis), default=now)
 
     def _ready(self, now: float) -> tuple[list[tuple[tuple[int, float], int, _Slot]], float]:
         """The cards that may be written now, as a heap (best first), and when the next other one may."""
@@ -451,19 +543,22 @@ class DeliveryScheduler:
         if not waiting:
             return None
         slot = min(waiting, key=lambda s: s.priority())
-        budget = self._budgets[slot.api]
-        probe_at = max(self.breaker.next_probe, budget.next_available(now, urgent=True))
-        if probe_at > now or not budget.try_take(now, urgent=True):
-            return probe_at
+        if self.breaker.next_probe > now:
+            return self.breaker.next_probe
+        spent: dict[str, float] = {}
+        apis = self._budgeted(self._choices(slot).apis, now, spent, urgent=True)
+        if apis is None:
+            return min(spent.values())  # the soonest one of its choices has room
         self.breaker.probe_started(now)
         slot.probe = True
-        self._launch(slot, now)
+        self._launch(slot, now, apis)
         return None
 
-    def _launch(self, slot: _Slot, now: float) -> None:
+    def _launch(self, slot: _Slot, now: float, apis: tuple[str, ...]) -> None:
         slot.in_flight = True
         slot.flight_version = slot.card.version
-        slot.next_start = now + self._intervals[slot.api]
+        slot.flight_apis = apis
+        slot.next_start = now + (self._interval if slot.card.stream is None else self._stream_interval)
         slot.flight_urgent, slot.urgent = slot.urgent, False
         slot.flight_waiting_since, slot.waiting_since = slot.waiting_since, None
         self._flights.spawn(self._deliver(slot), name=f"fp-patch-{slot.card.message_id}")
@@ -471,12 +566,12 @@ class DeliveryScheduler:
     # -- one PATCH --------------------------------------------------------------------------------
 
     async def _deliver(self, slot: _Slot) -> None:
-        budget = self._budgets[slot.api]
         try:
             await self._deliver_once(slot)
         finally:
-            # Whatever happened (answered, failed, cancelled), the budget slot frees one window from now.
-            budget.settle(self._clock.monotonic())
+            # Whatever happened (answered, failed, cancelled), the budget slots free one window from now.
+            for api in slot.flight_apis:
+                self._budget_of(api).settle(self._clock.monotonic())
 
     def _not_now(self, slot: _Slot) -> None:
         if slot.probe:
@@ -560,24 +655,39 @@ class DeliveryScheduler:
         a grant as arriving at Feishu within a few tens of milliseconds, which a build (it may wait
         for the subagent query) would not keep.
         """
-        grant = (
-            None
-            if self.gate is None
-            else await self.gate.enter(slot.api, urgent=slot.flight_urgent or slot.card.is_terminal)
-        )
-        if self.gate is not None and grant is None:
+        grants = await self._enter_gate(slot)
+        if grants is None:
             return None
-        if slot.dropped:  # taken by another instance while this flight waited
-            if self.gate is not None and grant is not None:
-                self.gate.leave(grant)
-            return None
-        slot.sending = True
         try:
-            return await self._write(slot, delivery)
+            if slot.dropped:  # taken by another instance while this flight waited
+                return None
+            slot.sending = True
+            try:
+                return await self._write(slot, delivery)
+            finally:
+                slot.sending = False
         finally:
-            slot.sending = False
-            if self.gate is not None and grant is not None:
-                self.gate.leave(grant)
+            for grant in grants:
+                self._leave_gate(grant)
+
+    async def _enter_gate(self, slot: _Slot) -> list[object] | None:
+        """One grant of the gate per API the flight holds (None: not now; nothing is kept then)."""
+        grants: list[object] = []
+        if self.gate is None:
+            return grants
+        urgent = slot.flight_urgent or slot.card.is_terminal
+        for api in slot.flight_apis:
+            grant = await self.gate.enter(api, urgent=urgent)
+            if grant is None:
+                for held in grants:
+                    self.gate.leave(held)
+                return None
+            grants.append(grant)
+        return grants
+
+    def _leave_gate(self, grant: object) -> None:
+        if self.gate is not None:
+            self.gate.leave(grant)
 
     async def _write(self, slot: _Slot, delivery: Delivery) -> PatchOutcome:
         message_id, stream = slot.card.message_id, slot.card.stream
@@ -590,6 +700,8 @@ class DeliveryScheduler:
                 panel_version=delivery.panel_version,
                 streams=delivery.streams,
                 urgent=slot.flight_urgent or slot.card.is_terminal,
+                text_version=delivery.text_version,
+                allowed=slot.flight_apis,  # a call whose budget the flight does not hold waits
             )
         except Exception as exc:
             # The sink promises to classify every failure; if it raises anyway, treat it as transient.
@@ -611,9 +723,10 @@ class DeliveryScheduler:
         elif kind is OutcomeKind.PAUSE_APP:
             self._metrics.rate_limit_hits.labels(kind="app").inc()
             pause = outcome.retry_after if outcome.retry_after > 0 else self._default_pause
-            self._budgets[slot.api].pause_until(now + pause)
-            if self.gate is not None:
-                self.gate.paused(slot.api, pause)
+            for api in slot.flight_apis:  # which of its calls was refused is not told: all of them
+                self._budget_of(api).pause_until(now + pause)
+                if self.gate is not None:
+                    self.gate.paused(api, pause)
             log.warning("app rate limit hit (code %s): pausing every card for %.2fs", outcome.code, pause)
             self._retry(slot, outcome, pause, now)
         elif kind is OutcomeKind.BACKOFF and self.breaker.is_open:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from feishu_progress.errors import FeishuAPIError, FeishuProgressError, TaskConf
 from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
 from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
 from feishu_progress.ports import Clock
+from feishu_progress.progress.scheduler import BudgetBusy
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
 from feishu_progress.runtime.snapshots import state_from_record
@@ -45,9 +47,12 @@ class CreatedTask:
 
 
 class FirstCardFailed(FeishuProgressError):
-    """Feishu did not take the first card after every retry; nothing of the task remains."""
+    """Feishu did not take the first card after every retry (or its budget was busy past the bound);
+    nothing of the task remains but a row kept for its Idempotency-Key."""
 
-    retry_after = FIRST_CARD_RETRY_AFTER
+    def __init__(self, message: str, retry_after: int = FIRST_CARD_RETRY_AFTER) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class TaskCreator:
@@ -116,13 +121,16 @@ class TaskCreator:
             if state.card_id is None:
                 state.card_id = await self._card_entity(app, state.session_id, first)
             content = first if state.card_id is None else card_reference(state.card_id)
-            async with app.scheduler.admit("reply" if reply_to else "send"):
+            async with self._paced(app, "reply" if reply_to else "send"):
                 if reply_to:
                     message_id = await app.client.reply_card(reply_to, content, uuid)
                 else:
                     message_id = await app.client.send_card(
                         state.receive_id, state.receive_id_type, content, uuid
                     )
+        except BudgetBusy as exc:
+            await self._abandon(state.session_id, key, exc)
+            raise FirstCardFailed(f"the first card could not be sent yet: {exc}", exc.retry_after) from exc
         except FeishuProgressError as exc:
             await self._abandon(state.session_id, key, exc)
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
@@ -137,10 +145,12 @@ class TaskCreator:
             return None
         cardkit = self._settings.cardkit
         try:
-            async with app.scheduler.admit("card_create"):
+            async with self._paced(app, "card_create"):
                 card_id = await app.client.create_card_entity(
                     entity_card(first, streams=True, typewriter=streaming_config(cardkit))
                 )
+        except BudgetBusy:
+            raise  # not a CardKit failure: the create is answered 503, never quietly PATCHed instead
         except FeishuAPIError as exc:
             if exc.code == CARDKIT_SCOPE_MISSING:
                 app.cardkit_scope.refused()
@@ -173,6 +183,10 @@ class TaskCreator:
             "the app lacks the CardKit scope (cardkit:card:write): new cards are PATCHed whole, "
             f"CardKit is tried again in {wait:.0f} s"
         )
+
+    def _paced(self, app: AppContext, api: str) -> AbstractAsyncContextManager[None]:
+        """The app's budget for ``api``, waited for at most FP_RATE__CREATE_WAIT_SECONDS (then BudgetBusy)."""
+        return app.scheduler.admit(api, max_wait=self._settings.rate.create_wait_seconds)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)

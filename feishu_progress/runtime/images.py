@@ -23,7 +23,7 @@ from feishu_progress.config import ImagesSettings
 from feishu_progress.domain import ToolCall
 from feishu_progress.errors import ImageRefused
 from feishu_progress.images import ImageClient, ImageFetcher, ImageUploads, LocalImages
-from feishu_progress.images.uploads import Load
+from feishu_progress.images.uploads import Load, UploadBudget
 from feishu_progress.tools.specs import IMAGE_TOOLS
 from feishu_progress.tools.view_models import ImageItem
 from feishu_progress.tools.view_parsers import parse_image_gen
@@ -87,10 +87,11 @@ class ImageKeys:
         client: ImageClient,
         background: BackgroundTasks,
         fetcher: ImageFetcher | None,
+        budget: UploadBudget | None = None,
     ) -> ImageKeys:
         """The production wiring: one upload gate over ``client``, the root and the limits of ``settings``."""
         return cls(
-            ImageUploads(client, concurrency=settings.concurrency),
+            ImageUploads(client, concurrency=settings.concurrency, budget=budget),
             background,
             local=LocalImages(settings.root, max_bytes=settings.max_bytes),
             fetcher=fetcher,

@@ -305,7 +305,9 @@ def _create_task() -> dict[str, Any]:
                 ),
             ),
             "503": _error(
-                "Feishu did not take the first card, or the database failed: retry (with the same key).",
+                "Feishu did not take the first card, the send budget is busy (the first card would wait past "
+                "`FP_RATE__CREATE_WAIT_SECONDS`; `retry_after` is when the callers queued now have had their "
+                "turn), or the database failed: retry after `retry_after` s with the same key (same task).",
                 ex.FIRST_CARD_FAILED,
                 ex.UNAVAILABLE,
                 retry=True,
