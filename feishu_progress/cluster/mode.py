@@ -10,7 +10,8 @@ What this object does, as the other rooms see it:
 - ``Ownership`` for the task service: may this instance write; take a task (claim); release finished ones.
 - ``DeliveryGate`` for the scheduler: no write without a live lease; every write through the shared budget.
 - ``RemoteClicks`` for card actions: hand a click to the card's writer.
-- its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone), the nudges.
+- its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone, and batches
+  others put in the event log for this instance's cards), the nudges.
 - ``hand_over`` at a graceful stop: cards with nothing in flight are released for the others at once.
 """
 
@@ -34,6 +35,7 @@ from feishu_progress.cluster.ownership import Ownership as Owner
 from feishu_progress.cluster.ownership import OwnershipRepository, Taken
 from feishu_progress.config import Settings
 from feishu_progress.db.engine import Database
+from feishu_progress.db.repo import EventLogRepository
 from feishu_progress.errors import OwnedElsewhere
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.metrics import Metrics
@@ -62,6 +64,7 @@ class ClusterMode:
         self._background = background
         self.lease = LeaseKeeper(db, settings.instance_id, advertise_url(settings), cluster, clock)
         self.owners = OwnershipRepository(db, settings.instance_id)
+        self.event_log = EventLogRepository(db)
         self.redis: aioredis.Redis = connect(settings.redis_url, 0.5)
         self.budget = SharedBudget.from_url(
             settings.redis_url,
@@ -237,8 +240,19 @@ class ClusterMode:
                 continue
             try:
                 await self._adopt_all(await self.owners.orphans())
+                await self._catch_up_logged()
             except Exception:  # the next scan tries again
                 log.exception("takeover scan failed")
+
+    async def _catch_up_logged(self) -> None:
+        """Apply batches others logged for this instance's cards (the backstop to a lost nudge)."""
+        assert self.service is not None
+        for session_id, newest in (await self.event_log.pending_for(self.instance_id)).items():
+            task = self.service.registry.get(session_id)
+            if task is None:
+                await self.service.task(session_id)  # loading it applies them
+            elif task.state.events_applied < newest:
+                await self.service.replay_actions(session_id)
 
     async def _adopt_all(self, seen: Sequence[Owner]) -> int:
         assert self.service is not None

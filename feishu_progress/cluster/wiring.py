@@ -8,22 +8,27 @@ the instance that writes it, and ``/internal/v1/clicks`` where that instance tak
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from sqlalchemy.exc import SQLAlchemyError
 
 from feishu_progress.cluster.forward import FORWARDED_HEADER, INTERNAL_CLICKS_PATH, event_from_json
 from feishu_progress.cluster.mode import ClusterMode
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
+from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere, UnknownTask
 from feishu_progress.feishu.callback import render_reply
+from feishu_progress.runtime.responses import EventsAccepted
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.services import Services
+from feishu_progress.web.api import read_event_batch
 from feishu_progress.web.http import HttpError, read_json, require_bearer
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,7 @@ async def open_cluster(services: Services, db: Database, service: TaskService, s
     services.cluster = cluster
     service.ownership = cluster
     service.applier.durable = True
+    service.applier.event_log = cluster.event_log
     service.snapshots.owner = settings.instance_id
     service.snapshots.on_lost = service.drop_local
     service.scheduler.gate = cluster
@@ -78,7 +84,11 @@ class ClusterDeduper:
 
 
 def writer_routing(services: Services) -> Middleware:
-    """Middleware: a request for one task goes to the instance that writes its card."""
+    """Middleware: a request for one task goes to the instance that writes its card.
+
+    An event batch that cannot reach the writer is stored in the event log and answered 202: the writer
+    (or the instance that takes the card over) applies it in order. Only a database out of reach is a 503.
+    """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -88,10 +98,14 @@ def writer_routing(services: Services) -> Middleware:
         try:
             await services.service.task(session_id)
         except NotWritableHere:
+            if _is_event_batch(request):
+                return await _log_events(services, request, session_id, None)
             raise HttpError(
                 503, "unavailable", "this instance is not writing cards now; retry", retry_after=1
             ) from None
         except OwnedElsewhere as elsewhere:
+            if _is_event_batch(request):
+                return await _forward_events(services, request, session_id, elsewhere)
             return await _forward(services, request, elsewhere)
         return await handler(request)
 
@@ -107,6 +121,10 @@ def _routed_session(request: web.Request) -> int | None:
     return int(raw)
 
 
+def _is_event_batch(request: web.Request) -> bool:
+    return request.method == "POST" and request.path.endswith("/events")
+
+
 async def _forward(services: Services, request: web.Request, elsewhere: OwnedElsewhere) -> web.StreamResponse:
     if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None or services.cluster is None:
         raise HttpError(503, "unavailable", "the card's writer is changing; retry", retry_after=1)
@@ -118,6 +136,51 @@ async def _forward(services: Services, request: web.Request, elsewhere: OwnedEls
         raise HttpError(
             503, "unavailable", "the card's writer did not answer; retry", retry_after=1
         ) from None
+
+
+async def _forward_events(
+    services: Services, request: web.Request, session_id: int, elsewhere: OwnedElsewhere
+) -> web.StreamResponse:
+    """A batch goes to the card's writer; the event log takes it if the writer does not, in time.
+
+    Forwarded and logged copies carry one Idempotency-Key (made up when the runtime sent none): a
+    writer that applied the forwarded copy after all skips the logged one.
+    """
+    cluster = services.cluster
+    key = request.headers.get("Idempotency-Key") or f"fp-forwarded:{uuid.uuid4().hex}"
+    if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None or cluster is None:
+        return await _log_events(services, request, session_id, key)
+    try:
+        answer = await cluster.forwarder.request(
+            request,
+            elsewhere.address,
+            idempotency_key=key,
+            timeout=services.settings.cluster.forward_timeout_seconds,
+        )
+    except ForwardFailed as exc:
+        log.warning("forwarding %r to %s failed: %s; logging it", request.path, elsewhere.owner, exc)
+        return await _log_events(services, request, session_id, key)
+    if answer.status == 503:  # the writer could not take it either (its lease lapsed meanwhile)
+        return await _log_events(services, request, session_id, key)
+    return answer
+
+
+async def _log_events(
+    services: Services, request: web.Request, session_id: int, made_up_key: str | None
+) -> web.Response:
+    """Validate the batch and append it to the task's event log; 202 once it is stored durably."""
+    assert services.cluster is not None
+    key, payload, batch = await read_event_batch(request)
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    try:
+        await services.cluster.event_log.append(session_id, key or made_up_key, body)
+    except UnknownTask:
+        raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("event batch for task %s not logged: %s", session_id, type(exc).__name__)
+        raise HttpError(503, "unavailable", "the database is out of reach; retry", retry_after=1) from None
+    services.cluster.nudge(session_id)
+    return web.json_response(EventsAccepted(accepted=len(batch.events)).json_body(), status=202)
 
 
 def internal_routes(services: Services) -> list[web.RouteDef]:

@@ -114,6 +114,7 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
+        await self._catch_up_events(task)
         if claim is not None and claim.hold > 0:
             self.scheduler.hold(task.card, claim.hold)
         if claim is not None or not state.status.is_terminal:
@@ -130,14 +131,25 @@ class TaskService:
         return bool(records)
 
     async def replay_actions(self, session_id: int) -> None:
-        """Another instance recorded a click on a task held here: apply it (cluster nudge)."""
+        """Another instance recorded a click or a batch for a task held here: apply it (cluster nudge)."""
         task = self.registry.get(session_id)
-        if task is None:
-            return
+        if task is None or (self.ownership is not None and not self.ownership.may_write()):
+            return  # not held, or maybe no longer ours (a lapsed lease): its writer replays it
         async with task.lock:
             if await self._replay_actions(task.state):
                 task.sync_card()
                 self.snapshots.mark_dirty(task)
+        await self._catch_up_events(task)
+
+    async def _catch_up_events(self, task: Task) -> None:
+        """Apply the batches other instances logged for this task; a failure leaves them for later.
+
+        The next batch this instance applies, or the 1-second scan for logged batches, tries again.
+        """
+        try:
+            await self.applier.catch_up(task)
+        except Exception as exc:
+            log.warning("task %s: logged batches not applied yet: %s", task.session_id, type(exc).__name__)
 
     def drop_local(self, session_ids: Sequence[int]) -> None:
         """Forget tasks another instance writes now (this one was paused or cut off)."""
