@@ -67,11 +67,13 @@ class Forwarder:
         request: web.Request,
         address: str,
         *,
+        body: bytes | None = None,
         idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> web.Response:
         """Send ``request`` to the instance at ``address`` and answer with what it answered.
 
+        ``body``: what the caller already read of the request (its JSON, encoded again).
         ``idempotency_key`` replaces the request's own (an event batch names the key it is logged
         under if the owner does not answer); ``timeout`` the default (the lease) for this request.
         """
@@ -80,7 +82,8 @@ class Forwarder:
         headers[FORWARDED_HEADER] = self._me
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
-        body = await request.read()
+        if body is None:
+            body = await request.read()
         try:
             async with self._session.request(
                 request.method,

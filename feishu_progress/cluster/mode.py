@@ -62,6 +62,7 @@ class ClusterMode:
         self._settings = settings
         self._clock = clock
         self._background = background
+        self.metrics = metrics
         self.lease = LeaseKeeper(db, settings.instance_id, advertise_url(settings), cluster, clock)
         self.owners = OwnershipRepository(db, settings.instance_id)
         self.event_log = EventLogRepository(db)

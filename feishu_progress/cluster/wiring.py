@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -98,13 +99,13 @@ def writer_routing(services: Services) -> Middleware:
         try:
             await services.service.task(session_id)
         except NotWritableHere:
-            if _is_event_batch(request):
-                return await _log_events(services, request, session_id, None)
+            if _is_event_batch(request) and services.cluster is not None:
+                return await _forward_events(services, request, session_id, None)
             raise HttpError(
                 503, "unavailable", "this instance is not writing cards now; retry", retry_after=1
             ) from None
         except OwnedElsewhere as elsewhere:
-            if _is_event_batch(request):
+            if _is_event_batch(request) and services.cluster is not None:
                 return await _forward_events(services, request, session_id, elsewhere)
             return await _forward(services, request, elsewhere)
         return await handler(request)
@@ -139,48 +140,58 @@ async def _forward(services: Services, request: web.Request, elsewhere: OwnedEls
 
 
 async def _forward_events(
-    services: Services, request: web.Request, session_id: int, elsewhere: OwnedElsewhere
-) -> web.StreamResponse:
+    services: Services, request: web.Request, session_id: int, elsewhere: OwnedElsewhere | None
+) -> web.Response:
     """A batch goes to the card's writer; the event log takes it if the writer does not, in time.
 
-    Forwarded and logged copies carry one Idempotency-Key (made up when the runtime sent none): a
-    writer that applied the forwarded copy after all skips the logged one.
+    The batch is checked here first (a bad one is refused here as the writer would). Forwarded and
+    logged copies carry one Idempotency-Key (made up when the runtime sent none): a writer that
+    applied the forwarded copy after all skips the logged one.
     """
     cluster = services.cluster
-    key = request.headers.get("Idempotency-Key") or f"fp-forwarded:{uuid.uuid4().hex}"
-    if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None or cluster is None:
-        return await _log_events(services, request, session_id, key)
+    assert cluster is not None
+    key, payload, batch = await read_event_batch(request)
+    key = key or f"fp-forwarded:{uuid.uuid4().hex}"
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    logged = _EventsToLog(session_id, key, body, len(batch.events))
+    if request.headers.get(FORWARDED_HEADER) or elsewhere is None or elsewhere.address is None:
+        return await _log_events(cluster, logged)
     try:
         answer = await cluster.forwarder.request(
             request,
             elsewhere.address,
+            body=body.encode(),
             idempotency_key=key,
             timeout=services.settings.cluster.forward_timeout_seconds,
         )
     except ForwardFailed as exc:
         log.warning("forwarding %r to %s failed: %s; logging it", request.path, elsewhere.owner, exc)
-        return await _log_events(services, request, session_id, key)
+        return await _log_events(cluster, logged)
     if answer.status == 503:  # the writer could not take it either (its lease lapsed meanwhile)
-        return await _log_events(services, request, session_id, key)
+        return await _log_events(cluster, logged)
     return answer
 
 
-async def _log_events(
-    services: Services, request: web.Request, session_id: int, made_up_key: str | None
-) -> web.Response:
-    """Validate the batch and append it to the task's event log; 202 once it is stored durably."""
-    assert services.cluster is not None
-    key, payload, batch = await read_event_batch(request)
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+@dataclass(frozen=True, slots=True)
+class _EventsToLog:
+    session_id: int
+    idempotency_key: str
+    body: str  # the validated batch, as JSON
+    events: int
+
+
+async def _log_events(cluster: ClusterMode, batch: _EventsToLog) -> web.Response:
+    """Append the batch to the task's event log and nudge its writer; 202 once it is stored durably."""
     try:
-        await services.cluster.event_log.append(session_id, key or made_up_key, body)
+        await cluster.event_log.append(batch.session_id, batch.idempotency_key, batch.body)
     except UnknownTask:
-        raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        raise HttpError(404, "unknown_task", f"no task {batch.session_id}") from None
     except (SQLAlchemyError, OSError) as exc:
-        log.warning("event batch for task %s not logged: %s", session_id, type(exc).__name__)
+        log.warning("event batch for task %s not logged: %s", batch.session_id, type(exc).__name__)
         raise HttpError(503, "unavailable", "the database is out of reach; retry", retry_after=1) from None
-    services.cluster.nudge(session_id)
-    return web.json_response(EventsAccepted(accepted=len(batch.events)).json_body(), status=202)
+    cluster.metrics.events_logged.inc()
+    cluster.nudge(batch.session_id)
+    return web.json_response(EventsAccepted(accepted=batch.events).json_body(), status=202)
 
 
 def internal_routes(services: Services) -> list[web.RouteDef]:
