@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import math
 import random
 import statistics
@@ -118,6 +119,7 @@ class Runtime:
         self.cluster = cluster
         self.accepted = 0
         self.refused = 0
+        self.refusals: collections.Counter[str] = collections.Counter()  # by status or error
 
     async def create(self, count: int) -> list[tuple[int, str]]:
         gate = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -145,12 +147,13 @@ class Runtime:
         while time.monotonic() < deadline:
             try:
                 reply = await self.cluster.call("POST", path, json={"events": events}, headers=headers)
-            except (aiohttp.ClientError, TimeoutError):
-                reply = None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                reply, why = None, type(exc).__name__
             if reply is not None and reply.status == 202:
                 self.accepted += len(events)
                 return
             self.refused += 1
+            self.refusals[str(reply.status) if reply is not None else why] += 1
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
     async def stream(self, session_id: int, task: TaskStream, flush: float, stop: asyncio.Event) -> None:
@@ -227,6 +230,8 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
     cpu = sum(cpu_after[i] - cpu_before[i] for i in pids)
     result.cpu_per_1k = cpu / accepted * 1000 if accepted else math.nan
     result.refused_batches = runtime.refused
+    if runtime.refusals:
+        result.notes.append("refused: " + ", ".join(f"{n} × {why}" for why, n in runtime.refusals.items()))
 
     await asyncio.gather(*(runtime.send(sid, s.final()) for sid, s in streams.items()))
     log = await _wait_for_finals(cluster, {mid for _, mid in created}, config.tasks)
@@ -340,7 +345,7 @@ def main() -> None:
             f"Jain {result.jain:.3f}, "
             f"rate-limited {result.rate_limit_answers}, finals {result.finals_pct:.1f} %, takeover "
             f"{result.takeover_max:.1f}/{result.takeover_median:.1f} s, refused {result.refused_batches} "
-            f"[{time.monotonic() - started:.0f} s]",
+            f"[{time.monotonic() - started:.0f} s] {'; '.join(result.notes)}",
             flush=True,
         )
         return result

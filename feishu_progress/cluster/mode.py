@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.cluster.budget import SharedBudget, connect
 from feishu_progress.cluster.forward import Forwarder
-from feishu_progress.cluster.lease import LeaseKeeper
+from feishu_progress.cluster.lease import SAFETY_MARGIN_SECONDS, LeaseKeeper
 from feishu_progress.cluster.limits import OpenApi
 from feishu_progress.cluster.ownership import Ownership as Owner
 from feishu_progress.cluster.ownership import OwnershipRepository, Taken
@@ -45,7 +45,8 @@ from feishu_progress.waiting import Stopper, event_or_timeout
 
 log = logging.getLogger(__name__)
 
-TAKEOVER_SCAN_SECONDS = 1.0
+# Cards of a dead writer are looked for this often: part of the worst card's takeover time.
+TAKEOVER_SCAN_SECONDS = 0.5
 NUDGE_CHANNEL = "fp:actions"
 DEDUPE_PREFIX = "fp:callback"
 REDIS_RETRY_SECONDS = 1.0
@@ -145,8 +146,12 @@ class ClusterMode:
         self._background.spawn(self.owners.release(list(session_ids)), name="cluster-release")
 
     def _claim_of(self, taken: Taken) -> Claim:
-        hold = self._settings.cluster.write_timeout_seconds if taken.from_dead_owner else 0.0
-        return Claim(taken.fence, hold)
+        """A dead owner stopped starting writes SAFETY_MARGIN before its lease ran out, and each write
+        times out after write_timeout: the new owner's first write waits out only what is left of that."""
+        if not taken.from_dead_owner:
+            return Claim(taken.fence)
+        in_flight_until = self._settings.cluster.write_timeout_seconds - SAFETY_MARGIN_SECONDS
+        return Claim(taken.fence, max(0.0, in_flight_until - taken.expired_for))
 
     # -- DeliveryGate (for the scheduler) -----------------------------------------------------------
 
@@ -250,9 +255,9 @@ class ClusterMode:
         assert self.service is not None
         for session_id, newest in (await self.event_log.pending_for(self.instance_id)).items():
             task = self.service.registry.get(session_id)
-            if task is None:
-                await self.service.task(session_id)  # loading it applies them
-            elif task.state.events_applied < newest:
+            # Not held: being loaded (which applies them) or finished and evicted (the next batch that
+            # loads it applies them first). Loading it here would race that load for the fence.
+            if task is not None and task.state.events_applied < newest:
                 await self.service.replay_actions(session_id)
 
     async def _adopt_all(self, seen: Sequence[Owner]) -> int:

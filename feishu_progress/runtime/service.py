@@ -114,9 +114,9 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
-        await self._catch_up_events(task)
         if claim is not None and claim.hold > 0:
             self.scheduler.hold(task.card, claim.hold)
+        await self._catch_up_events(task)  # after the hold: applying them may schedule a write
         if claim is not None or not state.status.is_terminal:
             # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
             # first write goes ahead of ordinary updates (as a final would).
