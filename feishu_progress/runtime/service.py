@@ -15,9 +15,11 @@ logged once, the final state still goes out.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -70,6 +72,8 @@ class TaskService:
     scheduler: DeliveryScheduler
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     ownership: Ownership | None = None  # cluster mode only
+    # Cluster mode: a lock (and how many wait for it) per task being loaded (``_loading``).
+    _loads: dict[int, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False, repr=False)
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
@@ -90,15 +94,38 @@ class TaskService:
             raise NotWritableHere(f"task {session_id}: this instance's lease lapsed")
         if held is not None:
             return held
-        claim = await self.ownership.claim(session_id)
-        return None if claim is None else await self._load(session_id, claim)
+        async with self._loading(session_id):
+            held = self.registry.get(session_id)  # loaded meanwhile (a takeover, another request)
+            if held is not None:
+                return held
+            claim = await self.ownership.claim(session_id)
+            return None if claim is None else await self._load(session_id, claim)
 
     async def adopt(self, session_id: int, claim: Claim) -> Task | None:
         """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
-        held = self.registry.evict(session_id)
-        if held is not None:  # a stale copy from before a lapse of the lease
-            self.scheduler.drop(held.card.message_id)
-        return await self._load(session_id, claim)
+        async with self._loading(session_id):
+            held = self.registry.get(session_id)
+            if held is not None and held.state.fence >= claim.fence:
+                return held  # a request loaded it at this epoch while the take was under way
+            if held is not None:  # a stale copy from before a lapse of the lease
+                self.registry.evict(session_id)
+                self.scheduler.drop(held.card.message_id)
+            return await self._load(session_id, claim)
+
+    @contextlib.asynccontextmanager
+    async def _loading(self, session_id: int) -> AsyncIterator[None]:
+        """One load of a task at a time in this process: two would race each other for its fence."""
+        lock, users = self._loads.get(session_id, (asyncio.Lock(), 0))
+        self._loads[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._loads[session_id]
+            if users == 1:
+                del self._loads[session_id]
+            else:
+                self._loads[session_id] = (lock, users - 1)
 
     async def _load(self, session_id: int, claim: Claim | None) -> Task | None:
         state = await self.snapshots.load(session_id)
