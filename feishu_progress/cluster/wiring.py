@@ -108,7 +108,12 @@ def writer_routing(services: Services) -> Middleware:
             if _is_event_batch(request) and services.cluster is not None:
                 return await _forward_events(services, request, session_id, elsewhere)
             return await _forward(services, request, elsewhere)
-        return await handler(request)
+        try:
+            return await handler(request)
+        except NotWritableHere:  # the card changed hands while the batch was applied: not saved here
+            if _is_event_batch(request) and services.cluster is not None:
+                return await _forward_events(services, request, session_id, None)
+            raise
 
     return middleware
 
