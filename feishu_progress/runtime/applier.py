@@ -80,7 +80,7 @@ class EventApplier:
                 applied = await self._apply_batch(task, batch, idempotency_key)
             finally:
                 if drained:  # the logged batches are in, whatever becomes of this one
-                    await self._settle(task, before)
+                    await self._settle(task, before, drained=True)
             if applied and not drained:
                 await self._settle(task, before)
         return len(batch.events)
@@ -91,7 +91,7 @@ class EventApplier:
             before = task.state.status
             drained = await self._drain_log(task)
             if drained:
-                await self._settle(task, before)
+                await self._settle(task, before, drained=True)
         return drained
 
     async def _apply_batch(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None) -> bool:
@@ -109,7 +109,7 @@ class EventApplier:
         self._metrics.events.inc(len(batch.events))
         return True
 
-    async def _settle(self, task: Task, before: TaskStatus) -> None:
+    async def _settle(self, task: Task, before: TaskStatus, *, drained: bool = False) -> None:
         """Show what was applied; save it (before the 202 in cluster mode), then forget logged batches."""
         state = task.state
         task.sync_card(urgent=state.status.is_terminal)
@@ -118,10 +118,20 @@ class EventApplier:
             # are taken over from what it saved, so every accepted event is saved before the 202.
             if await self._snapshots.save_now(task) is Saved.LOST:
                 raise NotWritableHere(f"task {task.session_id} is written by another instance now")
-            if self.event_log is not None and state.events_applied:
-                await self.event_log.forget_through(task.session_id, state.events_applied)
+            if drained:
+                await self._forget_logged(task)
         else:
             self._snapshots.mark_dirty(task)
+
+    async def _forget_logged(self, task: Task) -> None:
+        """Delete the applied (and saved) logged batches; left behind, they are skipped by seq anyway."""
+        assert self.event_log is not None
+        try:
+            await self.event_log.forget_through(task.session_id, task.state.events_applied)
+        except Exception as exc:  # the batch is applied and saved: its answer stays a 202
+            log.warning(
+                "applied logged batches of session %s not deleted: %s", task.session_id, type(exc).__name__
+            )
 
     async def _drain_log(self, task: Task) -> int:
         """Apply the logged batches this state has not seen, in order; a refused one is skipped."""

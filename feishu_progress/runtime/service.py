@@ -171,7 +171,7 @@ class TaskService:
     async def _catch_up_events(self, task: Task) -> None:
         """Apply the batches other instances logged for this task; a failure leaves them for later.
 
-        The next batch this instance applies, or the 1-second scan for logged batches, tries again.
+        The next batch this instance applies, or the cluster's scan for logged batches, tries again.
         """
         try:
             await self.applier.catch_up(task)
