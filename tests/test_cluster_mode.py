@@ -7,7 +7,8 @@ final status; every final delivered; every event applied once and in order. Per 
 events spread over all instances, each action recorded once; ``kill -9`` of an owner (its cards taken
 over within 10 s); SIGSTOP of an owner for 14 s (taken over within 10 s, and once resumed it never
 writes a card it lost, and clicks on its cards are answered by the others within 3 s); SIGTERM of an
-owner (cards handed over within 2 s, exit 0); a Redis restart mid-run.
+owner (cards handed over within 2 s, exit 0); a Redis restart mid-run, and one during such a pause.
+While a writer is dead or paused, no batch is answered 503: the others store them in the event log.
 
 The sandbox's app budget is set low (10/s, 400/min per API) and so is the instances' (FP_RATE__*), so
 a dozen streaming cards ask for several times what the app may spend: three instances that did not
@@ -310,6 +311,19 @@ async def test_a_paused_owner_loses_its_cards_and_never_writes_them_after_it_res
     cluster: Cluster, database_url: str, shared_redis: str
 ) -> None:
     await start(cluster, database_url, shared_redis)
+    await pause_an_owner(cluster, redis=None)
+
+
+async def test_a_paused_owner_and_a_redis_restart_meanwhile_still_hand_over_within_10_s(
+    cluster: Cluster, database_url: str, private_redis: OwnRedis
+) -> None:
+    """Issue 26's chaos run: Redis is down for 6 s of the pause (no nudges, each budget ÷ instances)."""
+    await start(cluster, database_url, private_redis.url)
+    await pause_an_owner(cluster, redis=private_redis)
+
+
+async def pause_an_owner(cluster: Cluster, redis: OwnRedis | None) -> None:
+    """SIGSTOP the busiest writer for PAUSE_SECONDS while 9 cards stream (and Redis restarts 2 s in)."""
     workload = Workload(cluster)
     tasks = await workload.create(9)
     streaming = asyncio.create_task(workload.stream(seconds=26, interval=EVENT_INTERVAL))
@@ -317,10 +331,16 @@ async def test_a_paused_owner_loses_its_cards_and_never_writes_them_after_it_res
         await asyncio.sleep(5)
         victim, owned = busiest_writer(await cluster.sandbox_log(), at=float("inf"))
         stopped_at = cluster.sigstop(index_of(victim))
-        await asyncio.sleep(5)
+        if redis is not None:
+            await asyncio.sleep(2)
+            redis.stop()
+        await asyncio.sleep(3)
         # Clicks on the paused owner's cards: another instance answers, in Feishu's 3 s.
         victims = [task for task in tasks if task.message_id in owned]
         await asyncio.gather(*(click(cluster, task, dislike(task)) for task in victims))
+        if redis is not None:
+            await asyncio.sleep(max(0.0, 8 - (time.monotonic() - stopped_at)))
+            redis.start()  # down 6 s, back empty
         await asyncio.sleep(max(0.0, PAUSE_SECONDS - (time.monotonic() - stopped_at)))
         resumed_at = cluster.sigcont(index_of(victim))
         await streaming
