@@ -199,6 +199,20 @@ async def one_run(config: RunConfig) -> RunResult:
     return result
 
 
+async def _batches_logged(cluster: Cluster) -> float:
+    """Event batches the running instances stored for a writer that did not take them (cluster mode)."""
+    total = 0.0
+    for instance in cluster.instances:
+        if instance.running:
+            text = await cluster.metrics(instance.index)
+            total += sum(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("fp_events_logged_total")
+            )
+    return total
+
+
 async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> None:
     runtime = Runtime(cluster)
     created = await runtime.create(config.tasks)
@@ -242,6 +256,9 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
         )
     if runtime.refusals:
         result.notes.append("refused: " + ", ".join(f"{n} × {why}" for why, n in runtime.refusals.items()))
+    logged = await _batches_logged(cluster)
+    if logged:
+        result.notes.append(f"{logged:.0f} batches stored in the event log")
 
     await asyncio.gather(*(runtime.send(sid, s.final()) for sid, s in streams.items()))
     log = await _wait_for_finals(cluster, {mid for _, mid in created}, config.tasks)

@@ -563,5 +563,6 @@ async def test_the_event_log_names_the_tasks_an_owner_has_batches_waiting_for(db
         await log.append(session_id, None, "{}")
     assert await log.pending_for("fp-0") == {mine: 2}
     assert await log.pending_for("fp-1") == {theirs: 1}
+    assert await log.newest_of([mine, theirs, 10**12]) == {mine: 2, theirs: 1}
     await log.forget_through(mine, 2)
     assert await log.pending_for("fp-0") == {}

@@ -18,6 +18,7 @@ import pytest
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.db.repo import EventLogRepository
 from feishu_progress.embedded import EmbeddedService
+from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.events import EventBatch, parse_model
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.sandbox.server import run_sandbox
@@ -48,7 +49,7 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[TaskService, EventLogRe
             service, db = fp.services.service, fp.services.db
             assert service is not None and db is not None
             log = EventLogRepository(db)
-            service.applier.event_log = log  # as cluster/wiring.py plugs it in
+            service.applier.event_log = EventLog(log, fp.services.background)  # as cluster/wiring.py does
             service.applier.durable = True
             task = await fp.create_task(
                 receive_id="oc_1", receive_id_type="chat_id", requester_open_id="ou_1"

@@ -713,6 +713,17 @@ class EventLogRepository:
             )
             return [LoggedBatch(int(seq), key, body) for seq, key, body in rows]
 
+    async def newest_of(self, session_ids: Sequence[int]) -> dict[int, int]:
+        """Of these tasks, those with batches in the log: their newest ``seq``."""
+        statement = (
+            select(TaskEventLog.session_id, func.max(TaskEventLog.seq))
+            .where(TaskEventLog.session_id.in_(list(session_ids)))
+            .group_by(TaskEventLog.session_id)
+        )
+        async with self._db.engine.connect() as connection:
+            rows = await connection.execute(statement)
+            return {int(session_id): int(seq) for session_id, seq in rows}
+
     async def forget_through(self, session_id: int, seq: int) -> None:
         """Delete the task's batches up to ``seq`` (applied, and saved in its state)."""
         async with self._db.engine.begin() as connection:

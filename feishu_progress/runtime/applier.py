@@ -17,13 +17,14 @@ import json
 import logging
 from collections.abc import Awaitable
 
-from feishu_progress.db.repo import EventLogRepository, LoggedBatch, SubagentRepository
+from feishu_progress.db.repo import LoggedBatch, SubagentRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import TaskStatus
 from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
+from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
 from feishu_progress.runtime.state import batch_digest
@@ -64,7 +65,7 @@ class EventApplier:
         self._metrics = metrics
         self.durable = False  # cluster mode: save every batch before answering
         # Cluster mode: batches other instances stored for this instance's cards (cluster/wiring.py).
-        self.event_log: EventLogRepository | None = None
+        self.event_log: EventLog | None = None
 
     async def apply(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None) -> int:
         """Apply a validated batch in order; returns how many events were applied.
@@ -135,7 +136,10 @@ class EventApplier:
 
     async def _drain_log(self, task: Task) -> int:
         """Apply the logged batches this state has not seen, in order; a refused one is skipped."""
-        if self.event_log is None:
+        if (
+            self.event_log is None
+            or await self.event_log.newest(task.session_id) <= task.state.events_applied
+        ):
             return 0
         drained = 0
         while entries := await self.event_log.after(task.session_id, task.state.events_applied):

@@ -94,12 +94,12 @@ class TaskService:
             raise NotWritableHere(f"task {session_id}: this instance's lease lapsed")
         if held is not None:
             return held
+        claim = await self.ownership.claim(session_id)  # OwnedElsewhere: not loaded here (no lock)
+        if claim is None:
+            return None
         async with self._loading(session_id):
             held = self.registry.get(session_id)  # loaded meanwhile (a takeover, another request)
-            if held is not None:
-                return held
-            claim = await self.ownership.claim(session_id)
-            return None if claim is None else await self._load(session_id, claim)
+            return held if held is not None else await self._load(session_id, claim)
 
     async def adopt(self, session_id: int, claim: Claim) -> Task | None:
         """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
@@ -143,7 +143,10 @@ class TaskService:
         task = self.registry.attach(state)
         if claim is not None and claim.hold > 0:
             self.scheduler.hold(task.card, claim.hold)
-        await self._catch_up_events(task)  # after the hold: applying them may schedule a write
+        # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
+        # awaited: a takeover loads a dead instance's cards one after another, and a batch that
+        # arrives first applies them itself before its own.
+        self.background.spawn(self._catch_up_events(task), name="catch-up-logged")
         if claim is not None or not state.status.is_terminal:
             # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
             # first write goes ahead of ordinary updates (as a final would).
