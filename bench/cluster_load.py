@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import math
 import random
 import statistics
@@ -54,15 +55,17 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"  # the bench's own database on th
 DATABASE_SUFFIX = "bench_cluster"
 PER_MINUTE = 1000.0
 CREATE_CONCURRENCY = 32
-RETRY_SECONDS = 15.0  # a runtime retries a 503 (nothing applied) longer than a takeover may take
+RETRY_SECONDS = 15.0  # a runtime retries a 503 (nothing applied: the database out of reach)
 RETRY_PAUSE_SECONDS = 0.2
 FINALS_GRACE_SECONDS = 30.0
 READING = (
     "How to read it: the workload offers ~28 events/s per card; events/s is what the instances absorbed "
-    "(below the offer while the killed instance's tasks are refused with 503 until the takeover), and CPU "
-    "per event is the cost, every instance's idle work (heartbeats, lease renewals, scheduler) included. "
-    "Takeover counts from the kill to another instance's first update of each of the victim's cards: the "
-    "lease running out, then the card's turn under the budget (cards ÷ 16.7/s between two updates of a card)."
+    "(answered 202: applied, or stored in the event log while the killed instance's cards wait for their "
+    "taker), and CPU per event is the cost, every instance's idle work (heartbeats, lease renewals, "
+    "scheduler, takeover scan) included. Takeover counts from the kill to another instance's first update "
+    "of each of the victim's cards: the lease running out (≤ 5 s), the takeover scan (≤ 0.5 s), what is "
+    "left of the dead writer's write timeout (2 s after its lease ran out), then the card's turn under the "
+    "budget (cards ÷ 16.7/s between two updates of a card)."
 )
 
 
@@ -118,6 +121,8 @@ class Runtime:
         self.cluster = cluster
         self.accepted = 0
         self.refused = 0
+        self.refusals: collections.Counter[str] = collections.Counter()  # by status or error
+        self.answer_seconds: list[float] = []  # how long each answered batch took
 
     async def create(self, count: int) -> list[tuple[int, str]]:
         gate = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -145,12 +150,15 @@ class Runtime:
         while time.monotonic() < deadline:
             try:
                 reply = await self.cluster.call("POST", path, json={"events": events}, headers=headers)
-            except (aiohttp.ClientError, TimeoutError):
-                reply = None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                reply, why = None, type(exc).__name__
+            if reply is not None:
+                self.answer_seconds.append(reply.seconds)
             if reply is not None and reply.status == 202:
                 self.accepted += len(events)
                 return
             self.refused += 1
+            self.refusals[str(reply.status) if reply is not None else why] += 1
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
     async def stream(self, session_id: int, task: TaskStream, flush: float, stop: asyncio.Event) -> None:
@@ -191,6 +199,20 @@ async def one_run(config: RunConfig) -> RunResult:
     return result
 
 
+async def _batches_logged(cluster: Cluster) -> float:
+    """Event batches the running instances stored for a writer that did not take them (cluster mode)."""
+    total = 0.0
+    for instance in cluster.instances:
+        if instance.running:
+            text = await cluster.metrics(instance.index)
+            total += sum(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("fp_events_logged_total")
+            )
+    return total
+
+
 async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> None:
     runtime = Runtime(cluster)
     created = await runtime.create(config.tasks)
@@ -227,6 +249,16 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
     cpu = sum(cpu_after[i] - cpu_before[i] for i in pids)
     result.cpu_per_1k = cpu / accepted * 1000 if accepted else math.nan
     result.refused_batches = runtime.refused
+    if runtime.answer_seconds:
+        answered = sorted(runtime.answer_seconds)
+        result.notes.append(
+            f"batch answers: p99 {answered[int(len(answered) * 0.99)]:.2f} s, max {answered[-1]:.2f} s"
+        )
+    if runtime.refusals:
+        result.notes.append("refused: " + ", ".join(f"{n} × {why}" for why, n in runtime.refusals.items()))
+    logged = await _batches_logged(cluster)
+    if logged:
+        result.notes.append(f"{logged:.0f} batches stored in the event log")
 
     await asyncio.gather(*(runtime.send(sid, s.final()) for sid, s in streams.items()))
     log = await _wait_for_finals(cluster, {mid for _, mid in created}, config.tasks)
@@ -340,7 +372,7 @@ def main() -> None:
             f"Jain {result.jain:.3f}, "
             f"rate-limited {result.rate_limit_answers}, finals {result.finals_pct:.1f} %, takeover "
             f"{result.takeover_max:.1f}/{result.takeover_median:.1f} s, refused {result.refused_batches} "
-            f"[{time.monotonic() - started:.0f} s]",
+            f"[{time.monotonic() - started:.0f} s] {'; '.join(result.notes)}",
             flush=True,
         )
         return result

@@ -108,6 +108,11 @@ class Metrics:
             "Runtime events applied to tasks.",
             registry=self.registry,
         )
+        self.events_logged = Counter(
+            "fp_events_logged_total",
+            "Event batches stored in the event log because the card's writer did not take them (cluster).",
+            registry=self.registry,
+        )
         self.callback_latency = Histogram(
             "fp_callback_latency_seconds",
             "Time to answer one Feishu card callback (Feishu's deadline is 3 s).",

@@ -7,14 +7,15 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import event as sqlalchemy_event
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
-from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution
+from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution, TaskCard
 from feishu_progress.db.repo import (
     ActionRepository,
     CallbackDedupeRepository,
+    EventLogRepository,
     NewAction,
     NewTask,
     StateRow,
@@ -523,3 +524,45 @@ async def test_save_states_writes_many_cards_in_one_call(db: Database) -> None:
         (3, '{"n": 2}'),
     ]
     await tasks.save_states([])  # nothing to do is not an error
+
+
+# --- EventLogRepository --------------------------------------------------------------------------
+
+
+async def test_the_event_log_numbers_each_tasks_batches_in_order_and_never_reuses_a_number(
+    db: Database,
+) -> None:
+    tasks, log = TaskRepository(db), EventLogRepository(db)
+    first, second = await new_task(tasks), await new_task(tasks)
+    assert [await log.append(first, "k1", '{"events":[1]}'), await log.append(second, None, "{}")] == [1, 1]
+    assert await log.append(first, "k2", '{"events":[2]}') == 2
+    assert [(b.seq, b.idempotency_key, b.body) for b in await log.after(first, 0)] == [
+        (1, "k1", '{"events":[1]}'),
+        (2, "k2", '{"events":[2]}'),
+    ]
+    assert [b.seq for b in await log.after(first, 1)] == [2]
+    await log.forget_through(first, 2)
+    assert await log.after(first, 0) == []
+    # Applied rows are gone, yet the next batch still comes after them (a cursor at 2 must see it).
+    assert await log.append(first, "k3", "{}") == 3
+    assert [b.seq for b in await log.after(first, 2)] == [3]
+    assert [b.seq for b in await log.after(second, 0)] == [1]
+    with pytest.raises(UnknownTask):
+        await log.append(10**12, "k", "{}")
+
+
+async def test_the_event_log_names_the_tasks_an_owner_has_batches_waiting_for(db: Database) -> None:
+    tasks, log = TaskRepository(db), EventLogRepository(db)
+    mine, theirs = await new_task(tasks), await new_task(tasks)
+    async with db.engine.begin() as connection:
+        for session_id, owner in ((mine, "fp-0"), (theirs, "fp-1")):
+            await connection.execute(
+                update(TaskCard).where(TaskCard.session_id == session_id).values(owner_instance=owner)
+            )
+    for session_id in (mine, mine, theirs):
+        await log.append(session_id, None, "{}")
+    assert await log.pending_for("fp-0") == {mine: 2}
+    assert await log.pending_for("fp-1") == {theirs: 1}
+    assert await log.newest_of([mine, theirs, 10**12]) == {mine: 2, theirs: 1}
+    await log.forget_through(mine, 2)
+    assert await log.pending_for("fp-0") == {}

@@ -3,8 +3,9 @@
 Events for one task must be applied in order by one writer: the instance that writes the card. A request
 that reaches another instance is forwarded as it came (method, path, body, the runtime's bearer token)
 with ``X-FP-Forwarded-By``; an instance never forwards a forwarded request again (no loops while
-ownership moves: it answers a retryable 503 instead). Clicks are forwarded as the verified event, to
-``/internal/v1/clicks``, within Feishu's 3-second window.
+ownership moves). An event batch the writer does not take in time (paused, dead, slow) goes to the
+event log instead (cluster/wiring.py), where the writer or its successor applies it in order. Clicks
+are forwarded as the verified event, to ``/internal/v1/clicks``, within Feishu's 3-second window.
 """
 
 from __future__ import annotations
@@ -61,19 +62,35 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
-    async def request(self, request: web.Request, address: str) -> web.Response:
-        """Send ``request`` to the instance at ``address`` and answer with what it answered."""
+    async def request(
+        self,
+        request: web.Request,
+        address: str,
+        *,
+        body: bytes | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> web.Response:
+        """Send ``request`` to the instance at ``address`` and answer with what it answered.
+
+        ``body``: what the caller already read of the request (its JSON, encoded again).
+        ``idempotency_key`` replaces the request's own (an event batch names the key it is logged
+        under if the owner does not answer); ``timeout`` the default (the lease) for this request.
+        """
         assert self._session is not None
         headers = {name: request.headers[name] for name in _PASSED_HEADERS if name in request.headers}
         headers[FORWARDED_HEADER] = self._me
-        body = await request.read()
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        if body is None:
+            body = await request.read()
         try:
             async with self._session.request(
                 request.method,
                 address + request.path_qs,
                 data=body or None,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self._request_timeout),
+                timeout=aiohttp.ClientTimeout(total=timeout or self._request_timeout),
             ) as answer:
                 payload = await answer.read()
                 kept = {k: v for k, v in answer.headers.items() if k in ("Content-Type", "Retry-After")}

@@ -10,7 +10,8 @@ What this object does, as the other rooms see it:
 - ``Ownership`` for the task service: may this instance write; take a task (claim); release finished ones.
 - ``DeliveryGate`` for the scheduler: no write without a live lease; every write through the shared budget.
 - ``RemoteClicks`` for card actions: hand a click to the card's writer.
-- its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone), the nudges.
+- its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone, and batches
+  others put in the event log for this instance's cards), the nudges.
 - ``hand_over`` at a graceful stop: cards with nothing in flight are released for the others at once.
 """
 
@@ -28,12 +29,13 @@ from redis.exceptions import RedisError
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.cluster.budget import SharedBudget, connect
 from feishu_progress.cluster.forward import Forwarder
-from feishu_progress.cluster.lease import LeaseKeeper
+from feishu_progress.cluster.lease import SAFETY_MARGIN_SECONDS, LeaseKeeper
 from feishu_progress.cluster.limits import OpenApi
 from feishu_progress.cluster.ownership import Ownership as Owner
 from feishu_progress.cluster.ownership import OwnershipRepository, Taken
 from feishu_progress.config import RateSettings, Settings
 from feishu_progress.db.engine import Database
+from feishu_progress.db.repo import EventLogRepository
 from feishu_progress.errors import OwnedElsewhere
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.metrics import Metrics
@@ -44,7 +46,8 @@ from feishu_progress.waiting import Stopper, event_or_timeout
 
 log = logging.getLogger(__name__)
 
-TAKEOVER_SCAN_SECONDS = 1.0
+# Cards of a dead writer are looked for this often: part of the worst card's takeover time.
+TAKEOVER_SCAN_SECONDS = 0.5
 NUDGE_CHANNEL = "fp:actions"
 DEDUPE_PREFIX = "fp:callback"
 REDIS_RETRY_SECONDS = 1.0
@@ -61,8 +64,10 @@ class ClusterMode:
         self._settings = settings
         self._clock = clock
         self._background = background
+        self.metrics = metrics
         self.lease = LeaseKeeper(db, settings.instance_id, advertise_url(settings), cluster, clock)
         self.owners = OwnershipRepository(db, settings.instance_id)
+        self.event_log = EventLogRepository(db)
         self.redis: aioredis.Redis = connect(settings.redis_url, 0.5)
         self._metrics = metrics
         self.budget = self._shared_budget(settings.feishu.app_id or "sandbox", settings.rate)
@@ -158,8 +163,12 @@ class ClusterMode:
         self._background.spawn(self.owners.release(list(session_ids)), name="cluster-release")
 
     def _claim_of(self, taken: Taken) -> Claim:
-        hold = self._settings.cluster.write_timeout_seconds if taken.from_dead_owner else 0.0
-        return Claim(taken.fence, hold)
+        """A dead owner stopped starting writes SAFETY_MARGIN before its lease ran out, and each write
+        times out after write_timeout: the new owner's first write waits out only what is left of that."""
+        if not taken.from_dead_owner:
+            return Claim(taken.fence)
+        in_flight_until = self._settings.cluster.write_timeout_seconds - SAFETY_MARGIN_SECONDS
+        return Claim(taken.fence, max(0.0, in_flight_until - taken.expired_for))
 
     # -- DeliveryGate (for the scheduler) -----------------------------------------------------------
 
@@ -248,8 +257,19 @@ class ClusterMode:
                 continue
             try:
                 await self._adopt_all(await self.owners.orphans())
+                await self._catch_up_logged()
             except Exception:  # the next scan tries again
                 log.exception("takeover scan failed")
+
+    async def _catch_up_logged(self) -> None:
+        """Apply batches others logged for this instance's cards (the backstop to a lost nudge)."""
+        assert self.service is not None
+        for session_id, newest in (await self.event_log.pending_for(self.instance_id)).items():
+            task = self.service.registry.get(session_id)
+            # Not held: being loaded (which applies them) or finished and evicted (the next batch that
+            # loads it applies them first). Loading it here would race that load for the fence.
+            if task is not None and task.state.events_applied < newest:
+                await self.service.replay_actions(session_id)
 
     async def _adopt_all(self, seen: Sequence[Owner]) -> int:
         assert self.service is not None

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select, text, update
+from sqlalchemy import ColumnElement, and_, func, literal_column, or_, select, text, update
 
 from feishu_progress.db.engine import Database
 from feishu_progress.db.models import InstanceLease, TaskCard
@@ -31,6 +32,7 @@ class Ownership:
     owner: str | None
     fence: int
     owner_alive: bool
+    expired_for: float = 0.0  # seconds since the owner's lease ran out, on the database's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class Taken:
     session_id: int
     fence: int
     from_dead_owner: bool  # True: it may still have a write in flight (wait before writing)
+    expired_for: float = 0.0  # how long the dead owner's lease had run out when it was taken
 
 
 class OwnershipRepository:
@@ -48,6 +51,15 @@ class OwnershipRepository:
     def _alive(self) -> ColumnElement[bool]:
         return and_(InstanceLease.expires_at > text("UTC_TIMESTAMP(6)"), ~InstanceLease.draining)
 
+    def _expired_for(self) -> ColumnElement[Any]:
+        # 0 when the owner's lease row is gone (unknown: the new owner waits the whole write timeout).
+        return func.coalesce(
+            func.timestampdiff(
+                literal_column("MICROSECOND"), InstanceLease.expires_at, text("UTC_TIMESTAMP(6)")
+            ),
+            0,
+        )
+
     async def of(self, session_id: int) -> Ownership | None:
         """The card's owner and fence, and whether that owner's lease is live (None: no such task)."""
         statement = (
@@ -55,6 +67,7 @@ class OwnershipRepository:
                 TaskCard.owner_instance,
                 TaskCard.fence,
                 InstanceLease.instance_id.is_not(None) & self._alive(),
+                self._expired_for(),
             )
             .outerjoin(InstanceLease, InstanceLease.instance_id == TaskCard.owner_instance)
             .where(TaskCard.session_id == session_id)
@@ -63,13 +76,13 @@ class OwnershipRepository:
             row = (await connection.execute(statement)).first()
         if row is None:
             return None
-        return Ownership(session_id, row[0], int(row[1]), bool(row[2]))
+        return Ownership(session_id, row[0], int(row[1]), bool(row[2]), _seconds(row[3]))
 
     async def orphans(self, limit: int = ORPHANS_PER_SCAN) -> list[Ownership]:
         """Cards nobody live writes: a dead or draining owner, or released while unfinished."""
         dead = or_(InstanceLease.instance_id.is_(None), ~self._alive())
         statement = (
-            select(TaskCard.session_id, TaskCard.owner_instance, TaskCard.fence)
+            select(TaskCard.session_id, TaskCard.owner_instance, TaskCard.fence, self._expired_for())
             .outerjoin(InstanceLease, InstanceLease.instance_id == TaskCard.owner_instance)
             .where(
                 TaskCard.message_id.is_not(None),
@@ -83,7 +96,10 @@ class OwnershipRepository:
         )
         async with self._db.engine.connect() as connection:
             rows = (await connection.execute(statement)).all()
-        return [Ownership(int(sid), owner, int(fence), False) for sid, owner, fence in rows]
+        return [
+            Ownership(int(sid), owner, int(fence), False, _seconds(expired))
+            for sid, owner, fence, expired in rows
+        ]
 
     async def mine(self) -> list[Ownership]:
         """Cards the database says this instance writes (after a restart with the same id)."""
@@ -109,7 +125,7 @@ class OwnershipRepository:
         if result.rowcount != 1:
             return None
         dead_owner = seen.owner is not None and seen.owner != self.me
-        return Taken(seen.session_id, seen.fence + 1, from_dead_owner=dead_owner)
+        return Taken(seen.session_id, seen.fence + 1, dead_owner, seen.expired_for if dead_owner else 0.0)
 
     async def release(self, session_ids: Sequence[int]) -> None:
         """Stop owning these cards (a finished card delivered, or a graceful hand-over)."""
@@ -121,3 +137,8 @@ class OwnershipRepository:
                 .where(TaskCard.session_id.in_(list(session_ids)), TaskCard.owner_instance == self.me)
                 .values(owner_instance=None)
             )
+
+
+def _seconds(microseconds: Any) -> float:
+    """A TIMESTAMPDIFF in microseconds as seconds, never below 0 (a live lease has not run out)."""
+    return max(0.0, int(microseconds or 0) / 1_000_000)

@@ -186,6 +186,9 @@ class TaskCard(TimestampMixin, Base):
     fence: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     # The Feishu/Lark app (FP_APPS_FILE) that sent the card and writes it; rows from before: "default".
     app: Mapped[str] = mapped_column(String(64), server_default=text("'default'"))
+    # Cluster mode: how many batches were ever put in the event log for this task (task_event_log.seq of
+    # the newest). Bumped in the appending transaction, so one task's sequence has no gaps or reuse.
+    events_logged: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class TaskAction(Base):
@@ -201,6 +204,23 @@ class TaskAction(Base):
     payload: Mapped[str] = mapped_column(LongText)
     # 191 characters: the longest utf8mb4 key that fits InnoDB's 767-byte index prefix on old servers.
     dedupe_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
+
+
+class TaskEventLog(Base):
+    """Event batches a live instance accepted for a card whose writer did not answer (cluster mode).
+
+    The writer (or whoever takes the card over) applies them in ``seq`` order before any batch it
+    receives itself, then deletes them; its saved state remembers the last ``seq`` it applied.
+    """
+
+    __tablename__ = "task_event_log"
+    __table_args__ = MYSQL_TABLE_OPTIONS
+
+    session_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    body: Mapped[str] = mapped_column(LongText)  # the validated batch, as JSON
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=utc_now())
 
 

@@ -14,13 +14,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, delete, insert, select, update
+from sqlalchemy import Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
-from feishu_progress.db.models import CallbackSeen, SessionRow, SubagentExecution, TaskAction, TaskCard
+from feishu_progress.db.models import (
+    CallbackSeen,
+    SessionRow,
+    SubagentExecution,
+    TaskAction,
+    TaskCard,
+    TaskEventLog,
+)
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
 from feishu_progress.errors import TaskConflict, UnknownTask
 from feishu_progress.group_commit import GroupCommit
@@ -655,6 +662,90 @@ def _action_row(action: NewAction, key: str) -> dict[str, Any]:
         "dedupe_key": key,
         "created_at": action.now,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedBatch:
+    """One batch of the event log: its place in the task's sequence, its Idempotency-Key, its JSON."""
+
+    seq: int
+    idempotency_key: str | None
+    body: str
+
+
+class EventLogRepository:
+    """Event batches stored for a card whose writer did not answer (cluster mode), in order per task."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def append(self, session_id: int, idempotency_key: str | None, body: str) -> int:
+        """Store a batch after the task's others; its ``seq`` (UnknownTask when there is no such task).
+
+        The task's counter is bumped in the same transaction: its row lock orders two instances
+        appending to one task, and a number is never given twice (applied rows are deleted).
+        """
+        async with self._db.engine.begin() as connection:
+            bumped = await connection.execute(
+                update(TaskCard)
+                .where(TaskCard.session_id == session_id)
+                .values(events_logged=TaskCard.events_logged + 1)
+            )
+            if bumped.rowcount != 1:
+                raise UnknownTask(session_id)
+            seq = int(
+                await connection.scalar(
+                    select(TaskCard.events_logged).where(TaskCard.session_id == session_id)
+                )
+                or 0
+            )
+            await connection.execute(
+                insert(TaskEventLog).values(
+                    session_id=session_id, seq=seq, idempotency_key=idempotency_key, body=body
+                )
+            )
+        return seq
+
+    async def after(self, session_id: int, after_seq: int, limit: int = 100) -> list[LoggedBatch]:
+        """The task's batches with ``seq > after_seq``, oldest first, at most ``limit``."""
+        async with self._db.engine.connect() as connection:
+            rows = await connection.execute(
+                select(TaskEventLog.seq, TaskEventLog.idempotency_key, TaskEventLog.body)
+                .where(TaskEventLog.session_id == session_id, TaskEventLog.seq > after_seq)
+                .order_by(TaskEventLog.seq)
+                .limit(limit)
+            )
+            return [LoggedBatch(int(seq), key, body) for seq, key, body in rows]
+
+    async def newest_of(self, session_ids: Sequence[int]) -> dict[int, int]:
+        """Of these tasks, those with batches in the log: their newest ``seq``."""
+        statement = (
+            select(TaskEventLog.session_id, func.max(TaskEventLog.seq))
+            .where(TaskEventLog.session_id.in_(list(session_ids)))
+            .group_by(TaskEventLog.session_id)
+        )
+        async with self._db.engine.connect() as connection:
+            rows = await connection.execute(statement)
+            return {int(session_id): int(seq) for session_id, seq in rows}
+
+    async def forget_through(self, session_id: int, seq: int) -> None:
+        """Delete the task's batches up to ``seq`` (applied, and saved in its state)."""
+        async with self._db.engine.begin() as connection:
+            await connection.execute(
+                delete(TaskEventLog).where(TaskEventLog.session_id == session_id, TaskEventLog.seq <= seq)
+            )
+
+    async def pending_for(self, owner: str) -> dict[int, int]:
+        """Per task ``owner`` writes with batches in the log: the newest ``seq`` (a backstop to nudges)."""
+        statement = (
+            select(TaskEventLog.session_id, func.max(TaskEventLog.seq))
+            .join(TaskCard, TaskCard.session_id == TaskEventLog.session_id)
+            .where(TaskCard.owner_instance == owner)
+            .group_by(TaskEventLog.session_id)
+        )
+        async with self._db.engine.connect() as connection:
+            rows = await connection.execute(statement)
+            return {int(session_id): int(seq) for session_id, seq in rows}
 
 
 class CallbackDedupeRepository:

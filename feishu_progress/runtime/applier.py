@@ -13,15 +13,18 @@ the rows and is what the card shows, so nothing is written. There the runtime se
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from feishu_progress.db.repo import SubagentRepository
+from feishu_progress.db.repo import LoggedBatch, SubagentRepository
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.errors import NotWritableHere
+from feishu_progress.domain import TaskStatus
+from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
+from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
 from feishu_progress.runtime.state import batch_digest
@@ -61,36 +64,100 @@ class EventApplier:
         self._clock = clock
         self._metrics = metrics
         self.durable = False  # cluster mode: save every batch before answering
+        # Cluster mode: batches other instances stored for this instance's cards (cluster/wiring.py).
+        self.event_log: EventLog | None = None
 
     async def apply(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None) -> int:
         """Apply a validated batch in order; returns how many events were applied.
 
         A batch sent again with the same ``idempotency_key`` (a retry after an answer that was lost, or
-        after a 503 from an instance that forwarded it to a writer that applied it) is answered as the
-        first time and not applied again.
+        a batch another instance also put in the event log) is answered as the first time and not
+        applied again. Cluster mode: batches in the event log go first (they were accepted earlier).
         """
         async with task.lock:
-            state = task.state
-            digest = None if idempotency_key is None else batch_digest(idempotency_key)
-            if digest is not None and digest in state.applied_batches:
-                return len(batch.events)
-            state.check_batch(batch.events)
-            before = state.status
-            for event in batch.events:
-                await self._apply_one(task, event)
-            if digest is not None:
-                state.remember_batch(digest)
-            state.end_batch(self._clock.wall())
-            self._metrics.events.inc(len(batch.events))
-            task.sync_card(urgent=state.status.is_terminal)
-            if state.status is not before or self.durable:
-                # A restart must re-attach at the right status; in cluster mode a dead instance's cards
-                # are taken over from what it saved, so every accepted event is saved before the 202.
-                if await self._snapshots.save_now(task) is Saved.LOST:
-                    raise NotWritableHere(f"task {task.session_id} is written by another instance now")
-            else:
-                self._snapshots.mark_dirty(task)
+            before = task.state.status
+            drained = await self._drain_log(task)
+            try:
+                applied = await self._apply_batch(task, batch, idempotency_key)
+            finally:
+                if drained:  # the logged batches are in, whatever becomes of this one
+                    await self._settle(task, before, drained=True)
+            if applied and not drained:
+                await self._settle(task, before)
         return len(batch.events)
+
+    async def catch_up(self, task: Task) -> int:
+        """Apply the task's batches in the event log (a nudge, a takeover); how many there were."""
+        async with task.lock:
+            before = task.state.status
+            drained = await self._drain_log(task)
+            if drained:
+                await self._settle(task, before, drained=True)
+        return drained
+
+    async def _apply_batch(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None) -> bool:
+        """Check the batch whole, then apply it (False: a repeat of an applied Idempotency-Key)."""
+        state = task.state
+        digest = None if idempotency_key is None else batch_digest(idempotency_key)
+        if digest is not None and digest in state.applied_batches:
+            return False
+        state.check_batch(batch.events)
+        for event in batch.events:
+            await self._apply_one(task, event)
+        if digest is not None:
+            state.remember_batch(digest)
+        state.end_batch(self._clock.wall())
+        self._metrics.events.inc(len(batch.events))
+        return True
+
+    async def _settle(self, task: Task, before: TaskStatus, *, drained: bool = False) -> None:
+        """Show what was applied; save it (before the 202 in cluster mode), then forget logged batches."""
+        state = task.state
+        task.sync_card(urgent=state.status.is_terminal)
+        if state.status is not before or self.durable:
+            # A restart must re-attach at the right status; in cluster mode a dead instance's cards
+            # are taken over from what it saved, so every accepted event is saved before the 202.
+            if await self._snapshots.save_now(task) is Saved.LOST:
+                raise NotWritableHere(f"task {task.session_id} is written by another instance now")
+            if drained:
+                await self._forget_logged(task)
+        else:
+            self._snapshots.mark_dirty(task)
+
+    async def _forget_logged(self, task: Task) -> None:
+        """Delete the applied (and saved) logged batches; left behind, they are skipped by seq anyway."""
+        assert self.event_log is not None
+        try:
+            await self.event_log.forget_through(task.session_id, task.state.events_applied)
+        except Exception as exc:  # the batch is applied and saved: its answer stays a 202
+            log.warning(
+                "applied logged batches of session %s not deleted: %s", task.session_id, type(exc).__name__
+            )
+
+    async def _drain_log(self, task: Task) -> int:
+        """Apply the logged batches this state has not seen, in order; a refused one is skipped."""
+        if (
+            self.event_log is None
+            or await self.event_log.newest(task.session_id) <= task.state.events_applied
+        ):
+            return 0
+        drained = 0
+        while entries := await self.event_log.after(task.session_id, task.state.events_applied):
+            for entry in entries:
+                await self._apply_logged(task, entry)
+                task.state.events_applied = entry.seq
+            drained += len(entries)
+        return drained
+
+    async def _apply_logged(self, task: Task, entry: LoggedBatch) -> None:
+        try:
+            batch = ev.parse_model(ev.EventBatch, json.loads(entry.body))
+            await self._apply_batch(task, batch, entry.idempotency_key)
+        except (EventRejected, TaskConflict, ValueError) as exc:
+            # It was valid on arrival; the task's state refused it here (a 409/422 had it come direct).
+            log.warning(
+                "logged batch %d of session %s refused: %s", entry.seq, task.session_id, type(exc).__name__
+            )
 
     async def _apply_one(self, task: Task, event: ev.Event) -> None:
         if isinstance(event, AnySubagentEvent):

@@ -15,9 +15,11 @@ logged once, the final state still goes out.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,6 +71,8 @@ class TaskService:
     apps: AppRegistry
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     ownership: Ownership | None = None  # cluster mode only
+    # Cluster mode: a lock (and how many wait for it) per task being loaded (``_loading``).
+    _loads: dict[int, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False, repr=False)
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
@@ -89,15 +93,38 @@ class TaskService:
             raise NotWritableHere(f"task {session_id}: this instance's lease lapsed")
         if held is not None:
             return held
-        claim = await self.ownership.claim(session_id)
-        return None if claim is None else await self._load(session_id, claim)
+        claim = await self.ownership.claim(session_id)  # OwnedElsewhere: not loaded here (no lock)
+        if claim is None:
+            return None
+        async with self._loading(session_id):
+            held = self.registry.get(session_id)  # loaded meanwhile (a takeover, another request)
+            return held if held is not None else await self._load(session_id, claim)
 
     async def adopt(self, session_id: int, claim: Claim) -> Task | None:
         """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
-        held = self.registry.evict(session_id)
-        if held is not None:  # a stale copy from before a lapse of the lease
-            self._scheduler_of(held).drop(held.card.message_id)
-        return await self._load(session_id, claim)
+        async with self._loading(session_id):
+            held = self.registry.get(session_id)
+            if held is not None and held.state.fence >= claim.fence:
+                return held  # a request loaded it at this epoch while the take was under way
+            if held is not None:  # a stale copy from before a lapse of the lease
+                self.registry.evict(session_id)
+                self._scheduler_of(held).drop(held.card.message_id)
+            return await self._load(session_id, claim)
+
+    @contextlib.asynccontextmanager
+    async def _loading(self, session_id: int) -> AsyncIterator[None]:
+        """One load of a task at a time in this process: two would race each other for its fence."""
+        lock, users = self._loads.get(session_id, (asyncio.Lock(), 0))
+        self._loads[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._loads[session_id]
+            if users == 1:
+                del self._loads[session_id]
+            else:
+                self._loads[session_id] = (lock, users - 1)
 
     async def _load(self, session_id: int, claim: Claim | None) -> Task | None:
         state = await self.snapshots.load(session_id)
@@ -115,6 +142,10 @@ class TaskService:
         task = self.registry.attach(state)
         if claim is not None and claim.hold > 0:
             self._scheduler_of(task).hold(task.card, claim.hold)
+        # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
+        # awaited: a takeover loads a dead instance's cards one after another, and a batch that
+        # arrives first applies them itself before its own.
+        self.background.spawn(self._catch_up_events(task), name="catch-up-logged")
         if claim is not None or not state.status.is_terminal:
             # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
             # first write goes ahead of ordinary updates (as a final would).
@@ -129,14 +160,25 @@ class TaskService:
         return bool(records)
 
     async def replay_actions(self, session_id: int) -> None:
-        """Another instance recorded a click on a task held here: apply it (cluster nudge)."""
+        """Another instance recorded a click or a batch for a task held here: apply it (cluster nudge)."""
         task = self.registry.get(session_id)
-        if task is None:
-            return
+        if task is None or (self.ownership is not None and not self.ownership.may_write()):
+            return  # not held, or maybe no longer ours (a lapsed lease): its writer replays it
         async with task.lock:
             if await self._replay_actions(task.state):
                 task.sync_card()
                 self.snapshots.mark_dirty(task)
+        await self._catch_up_events(task)
+
+    async def _catch_up_events(self, task: Task) -> None:
+        """Apply the batches other instances logged for this task; a failure leaves them for later.
+
+        The next batch this instance applies, or the cluster's scan for logged batches, tries again.
+        """
+        try:
+            await self.applier.catch_up(task)
+        except Exception as exc:
+            log.warning("task %s: logged batches not applied yet: %s", task.session_id, type(exc).__name__)
 
     def drop_local(self, session_ids: Sequence[int]) -> None:
         """Forget tasks another instance writes now (this one was paused or cut off)."""

@@ -97,6 +97,7 @@ class TaskState:
     finished_at: float | None = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
     actions_applied: int = 0  # the last action-log id whose effect this state carries
+    events_applied: int = 0  # the last event-log seq of this task whose batch this state carries
     # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
     applied_batches: dict[str, None] = field(default_factory=dict)
     fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
@@ -367,6 +368,7 @@ class TaskState:
             "image_keys": dict(self.image_keys),
             "finished_at": self.finished_at,
             "actions_applied": self.actions_applied,
+            "events_applied": self.events_applied,
             "applied_batches": list(self.applied_batches),
         }
 
@@ -410,6 +412,7 @@ class TaskState:
         finished_at = data.get("finished_at")
         self.finished_at = float(finished_at) if isinstance(finished_at, int | float) else None
         self.actions_applied = _int(data.get("actions_applied"))
+        self.events_applied = _int(data.get("events_applied"))
         self.applied_batches = dict.fromkeys(map(str, data.get("applied_batches") or []))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -45,6 +46,26 @@ def _idempotency_key(request: web.Request) -> str | None:
     return key
 
 
+async def read_event_batch(request: web.Request) -> tuple[str | None, Any, EventBatch]:
+    """``POST /v1/tasks/{id}/events``: its Idempotency-Key, its JSON body and the batch it validates to.
+
+    A bad key or batch is a 422 naming the field, a body that is not JSON a 400. Kept on the request:
+    the body is read once, and cluster mode may still log a batch its handler could not apply.
+    """
+    if _READ_BATCH in request:
+        return request[_READ_BATCH]
+    key = _idempotency_key(request)
+    payload = await read_json(request, limit=MAX_EVENT_BODY)
+    try:
+        request[_READ_BATCH] = read = key, payload, parse_model(EventBatch, payload)
+    except EventRejected as exc:
+        raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
+    return read
+
+
+_READ_BATCH = web.RequestKey("fp.event_batch", tuple[str | None, Any, EventBatch])
+
+
 class RuntimeApi:
     """aiohttp handlers over a TaskService (looked up per request: it exists once the app has started)."""
 
@@ -83,9 +104,8 @@ class RuntimeApi:
 
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
-        key = _idempotency_key(request)
+        key, _, batch = await read_event_batch(request)
         try:
-            batch = parse_model(EventBatch, await read_json(request, limit=MAX_EVENT_BODY))
             applied = await self.service.apply_events(session_id, batch, key)
         except EventRejected as exc:
             raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
