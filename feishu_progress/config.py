@@ -50,6 +50,7 @@ class FeishuSettings(BaseModel):
         return value.rstrip("/")
 
 
+MIN_CLUSTER_SECRET_CHARS = 32  # e.g. `openssl rand -hex 32`: guessing it must not be an option
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
@@ -225,6 +226,11 @@ class ClusterSettings(BaseModel):
     # card from a dead instance, so a PATCH the dead one had in flight can no longer land after its own.
     write_timeout_seconds: float = Field(default=2.5, gt=0)
     forward_timeout_seconds: float = Field(default=1.5, gt=0)
+    # FP_CLUSTER__SECRET: what instances sign the requests they send each other with (cluster/trust.py).
+    # Required in cluster mode; the same random value on every instance, and never given to a runtime.
+    secret: SecretStr | None = None
+
+    _blank = field_validator("secret", mode="before")(_blank_is_unset)
 
     @field_validator("advertise_url")
     @classmethod
@@ -267,6 +273,17 @@ class Settings(BaseSettings):
             return self.http.host
         return "127.0.0.1" if self.feishu.sandbox else "0.0.0.0"
 
+    def _cluster_secret_problems(self) -> list[str]:
+        secret = self.cluster.secret
+        if secret is None:
+            return [
+                "cluster mode (FP_REDIS_URL) needs FP_CLUSTER__SECRET: instances authenticate the clicks "
+                "and requests they send each other with it (the same random value on every instance)"
+            ]
+        if len(secret.get_secret_value()) < MIN_CLUSTER_SECRET_CHARS:
+            return [f"FP_CLUSTER__SECRET must be at least {MIN_CLUSTER_SECRET_CHARS} characters"]
+        return []
+
     def serving_problems(self) -> list[str]:
         """Why this configuration must not serve (an open door by default is not a default we ship)."""
         problems: list[str] = []
@@ -275,6 +292,8 @@ class Settings(BaseSettings):
                 "cluster mode (FP_REDIS_URL) needs MySQL/MariaDB in FP_DATABASE_URL: several instances "
                 "cannot share a SQLite file"
             )
+        if self.redis_url:
+            problems.extend(self._cluster_secret_problems())
         if self.redis_url and self.cluster.lease_seconds <= 2 * self.cluster.heartbeat_seconds:
             problems.append("FP_CLUSTER__LEASE_SECONDS must exceed twice FP_CLUSTER__HEARTBEAT_SECONDS")
         feishu = self.feishu

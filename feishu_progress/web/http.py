@@ -169,7 +169,11 @@ async def read_json(
     request: web.Request, *, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
 ) -> Any:
     """The body parsed as JSON (400 when it is not)."""
-    raw = await read_body(request, limit=limit, timeout=timeout)
+    return parse_json(await read_body(request, limit=limit, timeout=timeout))
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` parsed as JSON (400 when it is not; a lone surrogate escape is not text either)."""
     try:
         parsed = json.loads(raw)
     except (ValueError, RecursionError):
