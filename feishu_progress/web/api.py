@@ -36,11 +36,14 @@ def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+    # Printable ASCII only: the key is stored in a column and compared byte for byte; a header that is
+    # not UTF-8 arrives with lone surrogates, which used to fail in the database (a 503).
+    printable = key.isascii() and key.isprintable()
+    if not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not printable:
         raise HttpError(
             422,
             "invalid_request",
-            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_CHARS} characters",
+            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_CHARS} printable ASCII characters",
             field="Idempotency-Key",
         )
     return key
