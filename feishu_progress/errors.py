@@ -53,6 +53,9 @@ class EventRejected(FeishuProgressError):
         self.message = message
 
 
+REUSED_KEY = "this Idempotency-Key came with another request before: a new request needs a new key"
+
+
 class UnknownTask(FeishuProgressError):
     """No task with that session id."""
 

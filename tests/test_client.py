@@ -86,12 +86,14 @@ class Service:
         """Write down each batch the service is handed; with ``hold``, answer only once it is set."""
         applied = self.service.apply_events
 
-        async def recording(session_id: int, batch: ev.EventBatch, key: str | None = None) -> int:
+        async def recording(
+            session_id: int, batch: ev.EventBatch, key: str | None = None, digest: str | None = None
+        ) -> int:
             self.batches.append([event.model_dump(by_alias=True) for event in batch.events])
             self.arrived.set()
             if hold is not None:
                 await hold.wait()
-            return await applied(session_id, batch, key)
+            return await applied(session_id, batch, key, digest)
 
         monkeypatch.setattr(self.service, "apply_events", recording)
 

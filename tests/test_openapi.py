@@ -225,7 +225,7 @@ class Api:
 
     def slow_bodies(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The /v1 body deadline (10 s) shortened, so a slow body is cut off within the test."""
-        for reader in (web_http.read_json, web_http.read_file_field):
+        for reader in (web_http.read_json, web_http.read_body, web_http.read_file_field):
             assert reader.__kwdefaults__ is not None
             monkeypatch.setitem(reader.__kwdefaults__, "timeout", SLOW_BODY_SECONDS)
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.errors import NotWritableHere
+from feishu_progress.errors import REUSED_KEY, EventRejected, NotWritableHere
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
@@ -62,24 +62,29 @@ class EventApplier:
         self._metrics = metrics
         self.durable = False  # cluster mode: save every batch before answering
 
-    async def apply(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None) -> int:
+    async def apply(
+        self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None, body: str | None = None
+    ) -> int:
         """Apply a validated batch in order; returns how many events were applied.
 
         A batch sent again with the same ``idempotency_key`` (a retry after an answer that was lost, or
         after a 503 from an instance that forwarded it to a writer that applied it) is answered as the
-        first time and not applied again.
+        first time and not applied again; the same key with other events (``body``: their
+        ``request_digest``) is refused (EventRejected on ``Idempotency-Key``).
         """
         async with task.lock:
             state = task.state
             digest = None if idempotency_key is None else batch_digest(idempotency_key)
             if digest is not None and digest in state.applied_batches:
+                if state.reused_key(digest, body):
+                    raise EventRejected("Idempotency-Key", REUSED_KEY)
                 return len(batch.events)
             state.check_batch(batch.events)
             before = state.status
             for event in batch.events:
                 await self._apply_one(task, event)
             if digest is not None:
-                state.remember_batch(digest)
+                state.remember_batch(digest, body)
             state.end_batch(self._clock.wall())
             self._metrics.events.inc(len(batch.events))
             task.sync_card(urgent=state.status.is_terminal)

@@ -34,7 +34,7 @@ from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
-from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState
+from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState, request_digest
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class TaskService:
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
     ) -> CreatedTask:
+        """Create a task (one per Idempotency-Key; the key reused for another request: EventRejected)."""
         return await self.creator.create(request, idempotency_key)
 
     async def task(self, session_id: int) -> Task | None:
@@ -154,10 +155,22 @@ class TaskService:
         return task
 
     async def apply_events(
-        self, session_id: int, batch: ev.EventBatch, idempotency_key: str | None = None
+        self,
+        session_id: int,
+        batch: ev.EventBatch,
+        idempotency_key: str | None = None,
+        body_digest: str | None = None,
     ) -> int:
-        """Apply a validated batch in order (TaskConflict after the task finished); returns how many."""
-        return await self.applier.apply(await self.require(session_id), batch, idempotency_key)
+        """Apply a validated batch in order (TaskConflict after the task finished); returns how many.
+
+        With an Idempotency-Key the batch's digest is kept: the key sent again with other events is an
+        EventRejected on ``Idempotency-Key``, not a repeat answered without applying them. The web
+        layer passes ``body_digest`` (of the raw body: cheaper than serialising the batch again).
+        """
+        body = body_digest
+        if body is None and idempotency_key is not None:
+            body = request_digest(batch.model_dump_json())
+        return await self.applier.apply(await self.require(session_id), batch, idempotency_key, body)
 
     async def add_image(self, session_id: int, data: bytes) -> ImageUploaded:
         """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.

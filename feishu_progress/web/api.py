@@ -13,7 +13,8 @@ from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
 from feishu_progress.runtime.service import TaskService
-from feishu_progress.web.http import HttpError, read_file_field, read_json
+from feishu_progress.runtime.state import request_digest
+from feishu_progress.web.http import HttpError, parse_json, read_body, read_file_field, read_json
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class RuntimeApi:
             created = await self.service.create_task(body, key)
         except TaskConflict as exc:
             raise HttpError(409, "task_exists", str(exc)) from None
+        except EventRejected as exc:  # the Idempotency-Key came with another request before
+            raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
         except FirstCardFailed as exc:
             raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
         answer = TaskCreated(session_id=created.session_id, message_id=created.message_id)
@@ -86,9 +89,11 @@ class RuntimeApi:
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
         key = _idempotency_key(request)
+        raw = await read_body(request, limit=MAX_EVENT_BODY)
         try:
-            batch = parse_model(EventBatch, await read_json(request, limit=MAX_EVENT_BODY))
-            applied = await self.service.apply_events(session_id, batch, key)
+            batch = parse_model(EventBatch, parse_json(raw))
+            digest = None if key is None else request_digest(raw)
+            applied = await self.service.apply_events(session_id, batch, key, digest)
         except EventRejected as exc:
             raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
         except UnknownTask:
