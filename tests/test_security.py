@@ -4,6 +4,7 @@ bad bearer tokens). Each test fails on the code before the fix."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from feishu_progress.config import (
 )
 from feishu_progress.errors import ConfigError, FeishuAPIError
 from feishu_progress.feishu.client import FeishuClient
-from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.sandbox.clicks import card_action_payload, encrypt, signed_request
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import success
 
@@ -303,3 +304,39 @@ async def test_strings_from_runtimes_and_clicks_are_logged_quoted(
     assert any("not the requester" in line for line in logged), logged
     assert any("unknown task_id" in line for line in logged), logged
     assert not [line for line in logged if "\n" in line], logged
+
+
+# -- issue 26 item 9: an unsigned body is no decryption oracle ---------------------------------------
+
+
+async def test_every_unsigned_body_but_the_url_check_gets_one_answer(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    settings = sandbox_client.server.app[SERVICES].settings
+    assert settings.feishu.encrypt_key is not None and settings.feishu.verification_token is not None
+    key, token = (
+        settings.feishu.encrypt_key.get_secret_value(),
+        settings.feishu.verification_token.get_secret_value(),
+    )
+    click = card_action_payload(
+        open_id=REQUESTER, message_id="om_x", value={"v": 1}, verification_token=token, now=time.time()
+    )
+    bodies = {
+        "not base64": {"encrypt": "not-base64-at-all"},
+        "short ciphertext": {"encrypt": base64.b64encode(b"x" * 16).decode()},
+        "bad padding": {"encrypt": base64.b64encode(os.urandom(48)).decode()},
+        "not JSON inside": {"encrypt": encrypt(key, b"\xff not json")},
+        "a click, encrypted but unsigned": {"encrypt": encrypt(key, json.dumps(click).encode())},
+        "a plain click": click,
+    }
+    answers = set()
+    for label, body in bodies.items():
+        response = await sandbox_client.post("/feishu/callback", json=body)
+        answers.add((response.status, (await response.json())["message"]))
+        assert response.status == 401, label
+    assert answers == {(401, "missing signature headers")}
+    url_check = {"type": "url_verification", "challenge": "c-1", "token": token}
+    ok = await sandbox_client.post(
+        "/feishu/callback", json={"encrypt": encrypt(key, json.dumps(url_check).encode())}
+    )
+    assert ok.status == 200 and (await ok.json()) == {"challenge": "c-1"}
