@@ -60,7 +60,7 @@ from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
-from feishu_progress.web.http import bearer_auth, json_errors, serving
+from feishu_progress.web.http import bearer_auth, json_errors, loopback_browser_guard, serving
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SANDBOX_APP_ID = "cli_sandbox"
-SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
 LONG_CONNECTION_STOP_SECONDS = 5.0
@@ -176,6 +175,8 @@ def _middlewares(services: Services) -> list[Middleware]:
             settings.api.token, prefix="/v1/", name="FP_API__TOKEN", open_paths=frozenset({OPENAPI_PATH})
         ),
     ]
+    if settings.feishu.sandbox and settings.api.token is None:  # no token: the browser is the threat
+        middlewares.insert(1, loopback_browser_guard("/v1/"))
     if _clustered(services):  # after authentication: only an authorised request is forwarded
         from feishu_progress.cluster.wiring import writer_routing
 
@@ -405,8 +406,11 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
     from feishu_progress.sandbox.server import run_sandbox
     from feishu_progress.sandbox.state import SandboxConfig
 
+    # A secret made up per start (nothing else on the host can take the sandbox's token) and no test
+    # endpoints: the in-process sandbox listens on a loopback port anyone on the host reaches.
+    app_secret = secrets.token_urlsafe(24)
     sandbox = await stack.enter_async_context(
-        run_sandbox(SandboxConfig(app_id=SANDBOX_APP_ID, app_secret=SANDBOX_APP_SECRET))
+        run_sandbox(SandboxConfig(app_id=SANDBOX_APP_ID, app_secret=app_secret, test_endpoints=False))
     )
     services.sandbox = sandbox
     log.warning(
@@ -418,7 +422,7 @@ async def _feishu_settings(services: Services, stack: AsyncExitStack) -> FeishuS
         update={
             "base_url": sandbox.base_url,
             "app_id": SANDBOX_APP_ID,
-            "app_secret": SecretStr(SANDBOX_APP_SECRET),
+            "app_secret": SecretStr(app_secret),
         }
     )
 

@@ -99,6 +99,9 @@ class SandboxConfig:
     cardkit_per_card_qps: float = 10
     card_entity_days: float = 14
     max_stream_chars: int = 100_000
+    # /_sandbox/* (stats, reset, every message's update log): for tests and benchmarks only. The
+    # sandbox a service runs in-process for sandbox mode has none: nothing unauthenticated beside it.
+    test_endpoints: bool = True
 
     def unlimited(self) -> SandboxConfig:
         """The same config with every rate limit lifted (for benchmarks)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
+from yarl import URL
 
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.runtime.responses import ErrorBody
@@ -135,6 +136,54 @@ def bearer_auth(
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if token is not None and request.path.startswith(prefix) and request.path not in open_paths:
             require_bearer(request, token, name)
+        return await handler(request)
+
+    return middleware
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+_SAME_ORIGIN = frozenset({"same-origin", "none"})  # Sec-Fetch-Site of the page itself, or typed/bookmarked
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header (``[::1]:8000`` → ``::1``), lower case, without a trailing dot."""
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name.lower().rstrip(".")
+
+
+def _cross_site(request: web.Request) -> bool:
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None and fetch_site.lower() not in _SAME_ORIGIN:
+        return True
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return False
+    try:
+        origin_host = URL(origin).host
+    except ValueError:
+        return True
+    return origin_host is None or origin_host.lower() not in LOOPBACK_NAMES
+
+
+def loopback_browser_guard(api_prefix: str) -> Any:
+    """Middleware for a listener with no token (sandbox mode): loopback Host names only, and no
+    cross-site request to ``api_prefix`` or that changes anything.
+
+    Binding 127.0.0.1 does not keep a browser out: a page on another site can rebind its own name to
+    127.0.0.1 (its requests then carry its Host) or post to the port directly (cross-site Origin).
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if host_name(request.host) not in LOOPBACK_NAMES:
+            raise HttpError(403, "forbidden_host", "without FP_API__TOKEN only localhost names are served")
+        guarded = request.path.startswith(api_prefix) or request.method not in _SAFE_METHODS
+        if guarded and _cross_site(request):
+            raise HttpError(403, "cross_site", "cross-site requests are refused without FP_API__TOKEN")
         return await handler(request)
 
     return middleware
