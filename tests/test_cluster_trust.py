@@ -6,6 +6,7 @@ would post to ``/internal/v1/clicks`` is built here with the peer's signing code
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -36,6 +37,7 @@ from feishu_progress.runtime.card_actions import CardActions
 from feishu_progress.sandbox.server import RunningSandbox, SandboxConfig, run_sandbox
 from feishu_progress.services import Services
 from tests.conftest import fresh_mysql_database
+from tests.redis_server import own_redis_server
 
 APP_ID, APP_SECRET = "cli_trust", "trust-secret"
 API_TOKEN = "runtime-token"
@@ -106,9 +108,11 @@ async def instance(
     yield client
 
 
+TASK = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+
+
 async def _task_waiting_for_approval(client: TestClient[Any, Any]) -> tuple[int, str]:
-    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
-    created = await client.post("/v1/tasks", json=body, headers=AUTH)
+    created = await client.post("/v1/tasks", json=TASK, headers=AUTH)
     assert created.status == 201, await created.text()
     task = await created.json()
     approval = {"type": "approval", "approval_id": "a1", "tool_name": "shell", "summary": "rm -rf /"}
@@ -220,3 +224,30 @@ async def test_the_record_only_path_binds_the_click_to_its_card(instance: TestCl
     mine = CardActionEvent(**{**event_to_json(foreign), "message_id": message_id, "options": ()})
     assert (await record_only.handle(mine, forwarded=True)).toast_type == "success"
     assert len(await _approvals(instance, session_id)) == 1
+
+
+@pytest.mark.mysql
+async def test_readyz_says_redis_is_unreachable_and_not_where_it_is(
+    sandbox: RunningSandbox, database_url: str, aiohttp_client: Any
+) -> None:
+    with own_redis_server() as redis_server:
+        await upgrade(database_url)
+        settings = _settings(database_url, redis_server.url, sandbox.base_url, SECRET)
+        client: TestClient[Any, Any] = await aiohttp_client(
+            create_app(settings, registry=CollectorRegistry())
+        )
+        admin_url = client.server.app[SERVICES].admin_url
+        redis_server.stop()
+        port = redis_server.url.rsplit(":", 1)[1].split("/")[0]
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            # Some Redis call must fail first (the budget, a dedupe, the nudges' subscriber).
+            await client.post("/v1/tasks", json=TASK, headers=AUTH)
+            async with client.session.get(f"{admin_url}/readyz") as answer:
+                text = await answer.text()
+            if "unreachable" in text or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        assert "unreachable" in text, text
+        assert port not in text and "127.0.0.1" not in text.replace(admin_url, ""), text
+        await client.close()
