@@ -61,6 +61,7 @@ from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
 from feishu_progress.web.http import bearer_auth, json_errors, loopback_browser_guard, serving
+from feishu_progress.web.load import HeavyGate
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
@@ -154,7 +155,8 @@ def create_app(
                 observe=services.metrics.callback_latency.observe,
             )
         )
-    app.router.add_routes(RuntimeApi(services.require_service).routes())
+    gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
+    app.router.add_routes(RuntimeApi(services.require_service, gate).routes())
     app.router.add_routes(openapi_routes())
     if _clustered(services):
         from feishu_progress.cluster.wiring import internal_routes

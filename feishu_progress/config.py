@@ -59,6 +59,10 @@ class HttpSettings(BaseModel):
     # Feishu's and is meant for one developer's machine). See ``Settings.bind_host``.
     host: str | None = None
     port: int = Field(default=8000, ge=0, le=65535)
+    # Request bodies over 256 KiB (large event batches) handled at once; the rest wait their turn this
+    # long, then get 429 with Retry-After: a flood of large batches cannot starve card clicks.
+    large_bodies: int = Field(default=1, ge=1)
+    large_body_wait_seconds: float = Field(default=10.0, gt=0)
 
 
 class AdminSettings(BaseModel):

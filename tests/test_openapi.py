@@ -380,7 +380,8 @@ async def test_post_events_answers_as_documented(api: Api, monkeypatch: pytest.M
     api.break_database(monkeypatch)
     down = await api.call("POST", EVENTS, "/v1/tasks/998/events", json=one)
     assert down["error"] == "unavailable" and down["retry_after"] == 1
-    api.contract.assert_provoked_all(EVENTS, "post")
+    # 429 too_busy needs a large body held in progress: tests/test_load_isolation.py provokes it.
+    api.contract.assert_provoked_all(EVENTS, "post", except_=frozenset({"429"}))
 
 
 async def test_get_task_answers_as_documented(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskC
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.runtime.state import request_digest
 from feishu_progress.web.http import HttpError, parse_json, read_body, read_file_field, read_json
+from feishu_progress.web.load import LARGE_BODY_BYTES, HeavyGate
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,9 @@ def _idempotency_key(request: web.Request) -> str | None:
 class RuntimeApi:
     """aiohttp handlers over a TaskService (looked up per request: it exists once the app has started)."""
 
-    def __init__(self, service: Callable[[], TaskService]) -> None:
+    def __init__(self, service: Callable[[], TaskService], gate: HeavyGate | None = None) -> None:
         self._service = service
+        self._gate = gate or HeavyGate()
 
     @property
     def service(self) -> TaskService:
@@ -89,9 +92,19 @@ class RuntimeApi:
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
         key = _idempotency_key(request)
+        async with self._gate.admit(request):
+            return await self._apply_events(request, session_id, key)
+
+    async def _apply_events(self, request: web.Request, session_id: int, key: str | None) -> web.Response:
         raw = await read_body(request, limit=MAX_EVENT_BODY)
+        large = len(raw) > LARGE_BODY_BYTES
         try:
-            batch = parse_model(EventBatch, parse_json(raw))
+            parsed = parse_json(raw)
+            if large:  # each step of a large body is a long stretch: let clicks in between
+                await asyncio.sleep(0)
+            batch = parse_model(EventBatch, parsed)
+            if large:
+                await asyncio.sleep(0)
             digest = None if key is None else request_digest(raw)
             applied = await self.service.apply_events(session_id, batch, key, digest)
         except EventRejected as exc:
