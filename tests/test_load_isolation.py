@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import create_app
-from feishu_progress.config import AdminSettings, ApiSettings, HttpSettings, Settings
+from feishu_progress.app import SERVICES, create_app
+from feishu_progress.config import AdminSettings, ApiSettings, HttpSettings, ImagesSettings, Settings
+from feishu_progress.runtime.state import MAX_IMAGE_KEYS
 
 TOKEN = "load-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,3 +70,71 @@ async def test_large_batches_wait_their_turn_and_small_ones_do_not(
     await asyncio.sleep(0.1)  # the abandoned body gives its slot back
     again = await client.post(path, data=LARGE, headers=AUTH | {"Content-Type": "application/json"})
     assert again.status == 202
+
+
+# -- item 5: image uploads take their slot before their body, and cost Feishu nothing when refused -------
+
+
+def _png(tag: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + tag.to_bytes(4, "big") + b"\x00" * 64
+
+
+def _form(data: bytes) -> aiohttp.FormData:
+    form = aiohttp.FormData()
+    form.add_field("image", data, filename="x.png", content_type="image/png")
+    return form
+
+
+async def _slow_upload(client: TestClient[Any, Any], path: str) -> asyncio.StreamWriter:
+    """An upload whose body trickles in: it holds an upload slot while it is read."""
+    _, writer = await asyncio.open_connection(client.host, client.port)
+    part = b"--b\r\nContent-Disposition: form-data; name=image; filename=x.png\r\n\r\n" + _png(0)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    writer.write(head + part)
+    await writer.drain()
+    return writer
+
+
+async def test_an_upload_waits_for_a_slot_before_its_body_is_read_then_429(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = _settings(tmp_path).model_copy(update={"images": ImagesSettings(concurrency=1)})
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    path = f"/v1/tasks/{session_id}/images"
+    holder = await _slow_upload(client, path)
+    await asyncio.sleep(0.1)
+    try:
+        busy = await client.post(path, data=_form(_png(1)), headers=AUTH)
+        assert busy.status == 429 and busy.headers["Retry-After"] == "1"
+        assert (await busy.json())["error"] == "too_busy"
+    finally:
+        holder.close()
+    await asyncio.sleep(0.1)
+    assert (await client.post(path, data=_form(_png(2)), headers=AUTH)).status == 201
+
+
+async def test_a_full_or_finished_task_refuses_an_image_before_feishu_sees_it(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    sandbox = client.server.app[SERVICES].sandbox
+    assert sandbox is not None
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    path = f"/v1/tasks/{session_id}/images"
+    for tag in range(MAX_IMAGE_KEYS):
+        assert (await client.post(path, data=_form(_png(tag)), headers=AUTH)).status == 201
+    uploads = len(sandbox.state.images)
+    full = await client.post(path, data=_form(_png(10_000)), headers=AUTH)
+    assert full.status == 422 and (await full.json())["error"] == "too_many_images"
+    assert (await client.post(path, data=_form(_png(5)), headers=AUTH)).status == 201  # one it holds
+    finished = {"events": [{"type": "finished", "status": "COMPLETED"}]}
+    assert (await client.post(f"/v1/tasks/{session_id}/events", json=finished, headers=AUTH)).status == 202
+    late = await client.post(path, data=_form(_png(20_000)), headers=AUTH)
+    assert late.status == 409
+    assert len(sandbox.state.images) == uploads, "a refused image was uploaded to Feishu"

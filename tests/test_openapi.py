@@ -462,9 +462,12 @@ async def test_upload_image_answers_as_documented(api: Api, monkeypatch: pytest.
     api.slow_bodies(monkeypatch)
     slow = _slow(url, "multipart/form-data; boundary=b")
     assert (await api.raw(slow, IMAGES, "post"))["error"] == "body_timeout"
+    await api.events(session_id, {"type": "finished", "status": "COMPLETED"})
+    assert await api.error("POST", IMAGES, url, data=form(tiny_png())) == "task_finished"
     api.break_database(monkeypatch)
     assert await api.error("POST", IMAGES, "/v1/tasks/998/images", data=form(tiny_png())) == "unavailable"
-    api.contract.assert_provoked_all(IMAGES, "post")
+    # 429 too_busy needs every upload slot held: tests/test_load_isolation.py provokes it.
+    api.contract.assert_provoked_all(IMAGES, "post", except_=frozenset({"429"}))
 
 
 async def test_the_feishu_callback_answers_as_documented(api: Api) -> None:

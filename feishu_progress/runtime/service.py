@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from feishu_progress.background import BackgroundTasks
-from feishu_progress.errors import NotWritableHere, UnknownTask
+from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict, UnknownTask
 from feishu_progress.images import require_image
+from feishu_progress.images.uploads import Load
 from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.action_log import ActionLog
@@ -34,7 +35,7 @@ from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
-from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState, request_digest
+from feishu_progress.runtime.state import MAX_IMAGE_KEYS, UPLOADED_IMAGE_PREFIX, TaskState, request_digest
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,18 @@ class Ownership(Protocol):
     async def claim(self, session_id: int) -> Claim | None: ...
 
     def release_later(self, session_ids: Sequence[int]) -> None: ...
+
+
+def _uploaded_ref(data: bytes) -> str:
+    return UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
+
+
+def _check_image_room(state: TaskState, ref: str) -> None:
+    """Whether the task takes the uploaded image ``ref`` (one it already holds needs no new room)."""
+    if state.status.is_terminal:
+        raise TaskConflict(f"task {state.session_id} has finished")
+    if ref not in state.image_keys and len(state.image_keys) >= MAX_IMAGE_KEYS:
+        raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
 
 
 @dataclass
@@ -173,24 +186,44 @@ class TaskService:
         return await self.applier.apply(await self.require(session_id), batch, idempotency_key, body)
 
     async def add_image(self, session_id: int, data: bytes) -> ImageUploaded:
+        """``add_image_from`` for bytes already in memory."""
+
+        async def given() -> bytes:
+            return data
+
+        return await self.add_image_from(session_id, given)
+
+    async def add_image_from(
+        self, session_id: int, load: Load, *, max_wait: float | None = None
+    ) -> ImageUploaded:
         """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.
 
-        The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise); they pass through the same
-        bounded upload gate as every other image. The ref is the content's digest, so the same image
-        uploaded twice is one ref and one Feishu upload.
+        The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise). They are read (``load``)
+        only once one of the upload gate's slots is held (UploadsBusy when none frees within
+        ``max_wait``), and uploaded only if the task still takes them: not finished (TaskConflict,
+        also before the read), not at its image cap (EventRejected) — refused images cost no upload. The ref
+        is the content's digest, so the same image uploaded twice is one ref and one Feishu upload.
         """
         task = await self.require(session_id)
-        mime = require_image(data)
+        if task.state.status.is_terminal:  # nothing to read; the cap needs the bytes (a held ref is fine)
+            raise TaskConflict(f"task {session_id} has finished")
         assert self.images.uploads is not None
-        image_key = await self.images.uploads.upload_image(data)
-        ref = UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
+        read: list[bytes] = []
+
+        def still_room(data: bytes) -> None:
+            read.append(data)
+            _check_image_room(task.state, _uploaded_ref(data))
+
+        image_key = await self.images.uploads.upload_from(load, max_wait=max_wait, check=still_room)
+        data = read[0]
+        ref = _uploaded_ref(data)
         async with task.lock:
             task.state.add_uploaded_image(ref, image_key)
             task.sync_card()
             self.snapshots.mark_dirty(task)
         # Validated: the sniffed MIME type must be one the contract names.
         return ImageUploaded.model_validate(
-            {"image_ref": ref, "image_key": image_key, "mime": mime, "bytes": len(data)}
+            {"image_ref": ref, "image_key": image_key, "mime": require_image(data), "bytes": len(data)}
         )
 
     async def view(self, session_id: int) -> TaskView:

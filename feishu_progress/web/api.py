@@ -10,6 +10,7 @@ from aiohttp import web
 
 from feishu_progress.config import MAX_IMAGE_BYTES
 from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
+from feishu_progress.images.uploads import UploadsBusy
 from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+UPLOAD_SLOT_WAIT_SECONDS = 2.0  # an upload waits this long for a slot of FP_IMAGES__CONCURRENCY, then 429
 MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
 
 
@@ -143,13 +145,26 @@ class RuntimeApi:
         return web.json_response(ActionsPage(actions=actions, cursor=cursor).json_body())
 
     async def upload_image(self, request: web.Request) -> web.Response:
-        """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP)."""
+        """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP).
+
+        The body is read only once an upload slot is held (429 when none frees soon: 150 uploads at
+        once used to be buffered whole before the gate), and uploaded only if the task takes it.
+        """
         session_id = _session_id(request)
-        data = await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
+
+        async def body() -> bytes:
+            return await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
+
         try:
-            uploaded = await self.service.add_image(session_id, data)
+            uploaded = await self.service.add_image_from(session_id, body, max_wait=UPLOAD_SLOT_WAIT_SECONDS)
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        except UploadsBusy:
+            raise HttpError(
+                429, "too_busy", "every image upload slot is taken; retry", retry_after=1
+            ) from None
+        except TaskConflict as exc:
+            raise HttpError(409, "task_finished", str(exc)) from None
         except ImageRefused as exc:
             raise HttpError(
                 422, "invalid_image", f"not an image we can show: {exc.reason}", field="image"

@@ -433,6 +433,22 @@ def _upload_image() -> dict[str, Any]:
                     {"field": "image"},
                 ),
                 ("too_many", "too_many_images", "a task may hold at most 100 images", {"field": "image"}),
+                (
+                    "too_many_pixels",
+                    "invalid_image",
+                    "not an image we can show: too_many_pixels",
+                    {"field": "image"},
+                ),
+            ),
+            "409": _error(
+                "The task has finished: it takes no more images (nothing was uploaded).",
+                ("task_finished", "task_finished", "task 42 has finished", {}),
+            ),
+            "429": _error(
+                "Every upload slot (`FP_IMAGES__CONCURRENCY`) stayed taken for 2 s: the body was not "
+                "read. Retry after `Retry-After` s.",
+                ("too_busy", "too_busy", "every image upload slot is taken; retry", {"retry_after": 1}),
+                retry=True,
             ),
             **_shared("Unavailable"),
         },
