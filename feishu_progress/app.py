@@ -362,6 +362,7 @@ def _build_service(
         images=images,
         scheduler=scheduler,
         background=services.background,
+        max_live=settings.task.max_live,
     )
     scheduler.listener = service
     services.scheduler, services.service = scheduler, service

@@ -149,6 +149,9 @@ class CardKitSettings(BaseModel):
 
 class TaskSettings(BaseModel):
     stale_after: float = Field(default=1800, gt=0, description="seconds without an event before 失去联系")
+    # Live tasks (cards in memory) this process holds at most; a create past it is a 503 with Retry-After
+    # (each live task is 5 KB idle and up to ~0.4 MiB at the per-task caps).
+    max_live: int = Field(default=10_000, gt=0)
 
 
 class CallbackSettings(BaseModel):

@@ -8,18 +8,29 @@ with Retry-After, and small batches and clicks go through at once.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
-from feishu_progress.config import AdminSettings, ApiSettings, HttpSettings, ImagesSettings, Settings
+from feishu_progress.config import (
+    MAX_IMAGE_BYTES,
+    AdminSettings,
+    ApiSettings,
+    HttpSettings,
+    ImagesSettings,
+    Settings,
+    TaskSettings,
+)
 from feishu_progress.runtime.state import MAX_IMAGE_KEYS
+from feishu_progress.sandbox import preview
 
 TOKEN = "load-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,3 +149,57 @@ async def test_a_full_or_finished_task_refuses_an_image_before_feishu_sees_it(
     late = await client.post(path, data=_form(_png(20_000)), headers=AUTH)
     assert late.status == 409
     assert len(sandbox.state.images) == uploads, "a refused image was uploaded to Feishu"
+
+
+# -- item 7: caps with a clear answer --------------------------------------------------------------------
+
+
+async def test_past_max_live_tasks_a_create_is_a_503_with_retry_after(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = _settings(tmp_path).model_copy(update={"task": TaskSettings(max_live=2)})
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    for _ in range(2):
+        assert (await client.post("/v1/tasks", json=TASK, headers=AUTH)).status == 201
+    refused = await client.post("/v1/tasks", json=TASK, headers=AUTH)
+    assert refused.status == 503 and refused.headers["Retry-After"] == "5"
+    assert "FP_TASK__MAX_LIVE" in (await refused.json())["message"]
+
+
+async def test_parts_besides_the_image_count_against_the_cap(tmp_path: Path, aiohttp_client: Any) -> None:
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    form = aiohttp.FormData()
+    form.add_field(
+        "junk",
+        io.BytesIO(b"j" * (MAX_IMAGE_BYTES + 100_000)),  # the image alone is within its cap
+        filename="j.bin",
+        content_type="application/octet-stream",
+    )
+    form.add_field("image", _png(1), filename="x.png", content_type="image/png")
+    answer = await client.post(f"/v1/tasks/{session_id}/images", data=form, headers=AUTH)
+    assert answer.status == 413
+    many = aiohttp.FormData()
+    for index in range(20):
+        many.add_field(f"p{index}", "x")
+    many.add_field("image", _png(2), filename="x.png", content_type="image/png")
+    assert (await client.post(f"/v1/tasks/{session_id}/images", data=many, headers=AUTH)).status == 422
+
+
+async def test_preview_streams_past_the_cap_are_refused(
+    tmp_path: Path, aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preview, "MAX_STREAMS", 2)
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    open_streams = [await client.get("/sandbox/api/events", headers=AUTH) for _ in range(2)]
+    try:
+        assert [stream.status for stream in open_streams] == [200, 200]
+        refused = await client.get("/sandbox/api/events", headers=AUTH)
+        assert refused.status == 503 and "Retry-After" in refused.headers
+    finally:
+        for stream in open_streams:
+            stream.close()

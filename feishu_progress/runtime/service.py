@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from feishu_progress.background import BackgroundTasks
-from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict, UnknownTask
+from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict, TooManyLive, UnknownTask
 from feishu_progress.images import require_image
 from feishu_progress.images.uploads import Load
 from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
@@ -83,11 +83,15 @@ class TaskService:
     scheduler: DeliveryScheduler
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     ownership: Ownership | None = None  # cluster mode only
+    max_live: int | None = None  # FP_TASK__MAX_LIVE: creates past it raise TooManyLive
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
     ) -> CreatedTask:
-        """Create a task (one per Idempotency-Key; the key reused for another request: EventRejected)."""
+        """Create a task (one per Idempotency-Key; the key reused for another request: EventRejected;
+        TooManyLive when this process already holds ``max_live`` live tasks)."""
+        if self.max_live is not None and len(self.registry) >= self.max_live:
+            raise TooManyLive(f"this instance holds {len(self.registry)} live tasks (FP_TASK__MAX_LIVE)")
         return await self.creator.create(request, idempotency_key)
 
     async def task(self, session_id: int) -> Task | None:

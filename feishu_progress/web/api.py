@@ -9,7 +9,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from feishu_progress.config import MAX_IMAGE_BYTES
-from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
+from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, TooManyLive, UnknownTask
 from feishu_progress.images.uploads import UploadsBusy
 from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+TOO_MANY_LIVE_RETRY = 5  # s: live tasks leave memory as their finals are delivered
 UPLOAD_SLOT_WAIT_SECONDS = 2.0  # an upload waits this long for a slot of FP_IMAGES__CONCURRENCY, then 429
 MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
 
@@ -88,6 +89,8 @@ class RuntimeApi:
             raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
         except FirstCardFailed as exc:
             raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
+        except TooManyLive as exc:
+            raise HttpError(503, "unavailable", f"{exc}; retry", retry_after=TOO_MANY_LIVE_RETRY) from None
         answer = TaskCreated(session_id=created.session_id, message_id=created.message_id)
         return web.json_response(answer.json_body(), status=201)
 
