@@ -118,6 +118,19 @@ class _LateDeduper:
         return await self.services.deduper.first_seen(key)
 
 
+class BudgetedImages:
+    """Image uploads charged to the upload API's app budget (Feishu counts them: 50/s, 1000/min per
+    app; in cluster mode, the budget the instances share): 110 uploads at once drew rate-limit answers."""
+
+    def __init__(self, client: FeishuClient, scheduler: DeliveryScheduler) -> None:
+        self._client = client
+        self._scheduler = scheduler
+
+    async def upload_image(self, data: bytes) -> str:
+        async with self._scheduler.admit("image"):
+            return await self._client.upload_image(data)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -343,7 +356,9 @@ def _build_service(
         metrics=metrics,
     )
     action_log = ActionLog(ActionRepository(db), clock, services.background)
-    images = ImageKeys.from_settings(settings.images, client, services.background, fetcher)
+    images = ImageKeys.from_settings(
+        settings.images, BudgetedImages(client, scheduler), services.background, fetcher
+    )
     service = TaskService(
         registry=registry,
         creator=TaskCreator(

@@ -24,13 +24,17 @@ from feishu_progress.config import (
     MAX_IMAGE_BYTES,
     AdminSettings,
     ApiSettings,
+    FeishuSettings,
     HttpSettings,
     ImagesSettings,
+    RateSettings,
     Settings,
     TaskSettings,
 )
 from feishu_progress.runtime.state import MAX_IMAGE_KEYS
 from feishu_progress.sandbox import preview
+from feishu_progress.sandbox.server import run_sandbox
+from feishu_progress.sandbox.state import SandboxConfig
 
 TOKEN = "load-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -134,7 +138,7 @@ async def test_a_full_or_finished_task_refuses_an_image_before_feishu_sees_it(
     client: TestClient[Any, Any] = await aiohttp_client(
         create_app(_settings(tmp_path), registry=CollectorRegistry())
     )
-    sandbox = client.server.app[SERVICES].sandbox
+    sandbox = client.app[SERVICES].sandbox
     assert sandbox is not None
     session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
     path = f"/v1/tasks/{session_id}/images"
@@ -203,3 +207,39 @@ async def test_preview_streams_past_the_cap_are_refused(
     finally:
         for stream in open_streams:
             stream.close()
+
+
+async def test_uploads_are_charged_to_the_upload_apis_budget(tmp_path: Path, aiohttp_client: Any) -> None:
+    config = SandboxConfig(app_id="cli_img", app_secret="img-secret", app_per_second=5)
+    async with run_sandbox(config) as sandbox:
+        limited: list[float] = []
+        refuse = sandbox.state.gateway_limited
+
+        def counted(seconds: float) -> Any:
+            limited.append(seconds)
+            return refuse(seconds)
+
+        sandbox.state.gateway_limited = counted  # type: ignore[method-assign,assignment]
+        settings = _settings(tmp_path).model_copy(
+            update={
+                "feishu": FeishuSettings(
+                    base_url=sandbox.base_url,
+                    app_id="cli_img",
+                    app_secret="img-secret",
+                    verification_token="v",
+                ),
+                "rate": RateSettings(app_per_second=5),
+                "images": ImagesSettings(concurrency=8),
+            }
+        )
+        client: TestClient[Any, Any] = await aiohttp_client(
+            create_app(settings, registry=CollectorRegistry())
+        )
+        session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+        path = f"/v1/tasks/{session_id}/images"
+        answers = await asyncio.gather(
+            *(client.post(path, data=_form(_png(100 + tag)), headers=AUTH) for tag in range(12))
+        )
+        assert [answer.status for answer in answers] == [201] * 12
+        assert limited == [], "an upload went past the app's image budget and drew a 429"
+        await client.close()
