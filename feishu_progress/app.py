@@ -65,7 +65,8 @@ from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminApi
 from feishu_progress.web.api import RuntimeApi
 from feishu_progress.web.callbacks import callback_routes
-from feishu_progress.web.http import bearer_auth, json_errors, serving
+from feishu_progress.web.http import bearer_auth, json_errors, loopback_browser_guard, serving
+from feishu_progress.web.load import HeavyGate
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SANDBOX_APP_ID = "cli_sandbox"
-SANDBOX_APP_SECRET = "sandbox-secret"
 SHUTDOWN_FLUSH_SECONDS = 20.0
 BACKGROUND_DRAIN_SECONDS = 5.0
 LONG_CONNECTION_STOP_SECONDS = 5.0
@@ -173,7 +173,8 @@ def create_app(
                 default_app=default_app_name([spec.name for spec in services.app_specs]),
             )
         )
-    app.router.add_routes(RuntimeApi(services.require_service).routes())
+    gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
+    app.router.add_routes(RuntimeApi(services.require_service, gate).routes())
     app.router.add_routes(openapi_routes())
     if _clustered(services):
         from feishu_progress.cluster.wiring import internal_routes
@@ -194,6 +195,8 @@ def _middlewares(services: Services) -> list[Middleware]:
             settings.api.token, prefix="/v1/", name="FP_API__TOKEN", open_paths=frozenset({OPENAPI_PATH})
         ),
     ]
+    if settings.feishu.sandbox and settings.api.token is None:  # no token: the browser is the threat
+        middlewares.insert(1, loopback_browser_guard("/v1/"))
     if _clustered(services):  # after authentication: only an authorised request is forwarded
         from feishu_progress.cluster.wiring import writer_routing
 
@@ -330,11 +333,13 @@ async def _open_app(
         write_timeout=settings.cluster.write_timeout_seconds if _clustered(services) else None,
     )
     stack.push_async_callback(client.close)
+    scheduler = _scheduler(spec, client, clock, services.metrics.for_app(spec.name))
     return AppContext(
         spec=spec,
         client=client,
-        scheduler=_scheduler(spec, client, clock, services.metrics.for_app(spec.name)),
-        images=ImageKeys.from_settings(settings.images, client, services.background, fetcher),
+        scheduler=scheduler,
+        # Uploads spend the app's image API budget (shared by the instances in cluster mode).
+        images=ImageKeys.from_settings(settings.images, client, services.background, fetcher, scheduler),
         cardkit_scope=CardKitScope(clock, spec.cardkit.scope_recheck_seconds),
     )
 
@@ -396,6 +401,7 @@ def _build_service(services: Services, db: Database, apps: AppRegistry) -> TaskS
         ),
         apps=apps,
         background=services.background,
+        max_live=settings.task.max_live,
     )
     for app in apps:
         app.scheduler.listener = service
@@ -453,8 +459,11 @@ async def _sandbox_feishu(services: Services, stack: AsyncExitStack) -> FeishuSe
     from feishu_progress.sandbox.server import run_sandbox
     from feishu_progress.sandbox.state import SandboxConfig
 
+    # A secret made up per start (nothing else on the host can take the sandbox's token) and no test
+    # endpoints: the in-process sandbox listens on a loopback port anyone on the host reaches.
+    app_secret = secrets.token_urlsafe(24)
     sandbox = await stack.enter_async_context(
-        run_sandbox(SandboxConfig(app_id=SANDBOX_APP_ID, app_secret=SANDBOX_APP_SECRET))
+        run_sandbox(SandboxConfig(app_id=SANDBOX_APP_ID, app_secret=app_secret, test_endpoints=False))
     )
     services.sandbox = sandbox
     log.warning(
@@ -466,7 +475,7 @@ async def _sandbox_feishu(services: Services, stack: AsyncExitStack) -> FeishuSe
         update={
             "base_url": sandbox.base_url,
             "app_id": SANDBOX_APP_ID,
-            "app_secret": SecretStr(SANDBOX_APP_SECRET),
+            "app_secret": SecretStr(app_secret),
         }
     )
 

@@ -53,6 +53,8 @@ class FeishuSettings(BaseModel):
 
 DEFAULT_APP = "default"  # the app FP_FEISHU__* defines (the only one without FP_APPS_FILE)
 
+MIN_CLUSTER_SECRET_CHARS = 32  # e.g. `openssl rand -hex 32`: guessing it must not be an option
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
@@ -61,6 +63,10 @@ class HttpSettings(BaseModel):
     # Feishu's and is meant for one developer's machine). See ``Settings.bind_host``.
     host: str | None = None
     port: int = Field(default=8000, ge=0, le=65535)
+    # Request bodies over 256 KiB (large event batches) handled at once; the rest wait their turn this
+    # long, then get 429 with Retry-After: a flood of large batches cannot starve card clicks.
+    large_bodies: int = Field(default=1, ge=1)
+    large_body_wait_seconds: float = Field(default=10.0, gt=0)
 
 
 class AdminSettings(BaseModel):
@@ -205,6 +211,9 @@ def _unless_set(limit: ApiLimit, overrides: dict[str, float]) -> ApiLimit:
 
 class TaskSettings(BaseModel):
     stale_after: float = Field(default=1800, gt=0, description="seconds without an event before 失去联系")
+    # Live tasks (cards in memory) this process holds at most; a create past it is a 503 with Retry-After
+    # (each live task is 5 KB idle and up to ~0.4 MiB at the per-task caps).
+    max_live: int = Field(default=10_000, gt=0)
 
 
 class CallbackSettings(BaseModel):
@@ -286,6 +295,11 @@ class ClusterSettings(BaseModel):
     # card from a dead instance, so a PATCH the dead one had in flight can no longer land after its own.
     write_timeout_seconds: float = Field(default=2.5, gt=0)
     forward_timeout_seconds: float = Field(default=1.5, gt=0)
+    # FP_CLUSTER__SECRET: what instances sign the requests they send each other with (cluster/trust.py).
+    # Required in cluster mode; the same random value on every instance, and never given to a runtime.
+    secret: SecretStr | None = None
+
+    _blank = field_validator("secret", mode="before")(_blank_is_unset)
 
     @field_validator("advertise_url")
     @classmethod
@@ -374,6 +388,17 @@ class Settings(BaseSettings):
             return self.http.host
         return "127.0.0.1" if self.sandbox_mode else "0.0.0.0"
 
+    def _cluster_secret_problems(self) -> list[str]:
+        secret = self.cluster.secret
+        if secret is None:
+            return [
+                "cluster mode (FP_REDIS_URL) needs FP_CLUSTER__SECRET: instances authenticate the clicks "
+                "and requests they send each other with it (the same random value on every instance)"
+            ]
+        if len(secret.get_secret_value()) < MIN_CLUSTER_SECRET_CHARS:
+            return [f"FP_CLUSTER__SECRET must be at least {MIN_CLUSTER_SECRET_CHARS} characters"]
+        return []
+
     def serving_problems(self) -> list[str]:
         """Why this configuration must not serve (an open door by default is not a default we ship)."""
         problems: list[str] = []
@@ -382,6 +407,8 @@ class Settings(BaseSettings):
                 "cluster mode (FP_REDIS_URL) needs MySQL/MariaDB in FP_DATABASE_URL: several instances "
                 "cannot share a SQLite file"
             )
+        if self.redis_url:
+            problems.extend(self._cluster_secret_problems())
         if self.redis_url and self.cluster.lease_seconds <= 2 * self.cluster.heartbeat_seconds:
             problems.append("FP_CLUSTER__LEASE_SECONDS must exceed twice FP_CLUSTER__HEARTBEAT_SECONDS")
         feishu = self.feishu

@@ -57,6 +57,13 @@ class EventRejected(FeishuProgressError):
         self.message = message
 
 
+REUSED_KEY = "this Idempotency-Key came with another request before: a new request needs a new key"
+
+
+class TooManyLive(FeishuProgressError):
+    """This process holds FP_TASK__MAX_LIVE live tasks: a new one must wait (503 with Retry-After)."""
+
+
 class UnknownTask(FeishuProgressError):
     """No task with that session id."""
 

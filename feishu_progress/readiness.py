@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from feishu_progress.apps import AppContext
 from feishu_progress.db.migrate import migration_state
@@ -88,7 +89,10 @@ async def _lease(services: Services) -> str | None:
 
 
 def _redis(services: Services) -> str | None:
-    return None if services.cluster is None else services.cluster.redis_problem()
+    # "unreachable" and no more: /readyz is open to whoever reaches the admin port, and the driver's
+    # error names Redis's host and port (the log keeps the details for the operator).
+    problem = None if services.cluster is None else services.cluster.redis_problem()
+    return None if problem is None else "unreachable"
 
 
 def _per_app(problems: dict[str, str | None]) -> str | None:
@@ -127,7 +131,7 @@ def _outage(services: Services, app: AppContext) -> str | None:
 
 
 async def app_entries(services: Services) -> dict[str, object]:
-    """``/readyz``'s ``apps``: per app its mode, Open API host, token, CardKit scope and breaker."""
+    """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope and breaker."""
     if services.apps is None:
         return {}
     apps = list(services.apps)
@@ -136,7 +140,8 @@ async def app_entries(services: Services) -> dict[str, object]:
     return {
         app.name: {
             "mode": app.feishu.mode,
-            "base_url": app.feishu.base_url,
+            # Which platform, never the address: a proxy's URL is where an attacker would aim.
+            "platform": _platform(app.feishu.base_url),
             "token": "ok" if token is None else (token if isinstance(token, str) else type(token).__name__),
             "cardkit": None if creator is None else creator.cardkit_problem(app),
             "outage": _outage(services, app),
@@ -215,3 +220,13 @@ def live_cards(services: Services) -> list[dict[str, object]]:
         }
         for task in service.registry
     ]
+
+
+def _platform(base_url: str) -> str:
+    """feishu, lark, or other (the sandbox, a proxy): never the host itself."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "feishu.cn" or host.endswith(".feishu.cn"):
+        return "feishu"
+    if host == "larksuite.com" or host.endswith(".larksuite.com"):
+        return "lark"
+    return "other"

@@ -1,18 +1,22 @@
-"""Write constraints.txt to stdout: the installed feishu-progress[dev,lark,cluster] and all it needs.
+"""Write constraints.txt to stdout: what pyproject.toml's feishu-progress[dev,lark,cluster] needs, installed.
 
 Run in an environment where the tests just passed (``pip install -e ".[dev]"`` then ``pytest``), so the pins
-are a set known to work; CI and the Dockerfile install with ``-c constraints.txt``.
+are a set known to work; CI and the Dockerfile install with ``-c constraints.txt``. The requirements are
+read from pyproject.toml itself, not from the installed package's metadata (which is as old as the last
+``pip install -e``: that is how redis and playwright went missing). tests/test_constraints.py checks that
+every requirement of pyproject.toml has a pin that satisfies it.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from importlib import metadata
+from pathlib import Path
 
 from packaging.requirements import Requirement
 
-ROOT = "feishu-progress"
 EXTRAS = frozenset({"dev", "lark", "cluster"})
 HEADER = """\
 # Versions CI and the image install with (pip install -c constraints.txt ...): the set the tests passed on.
@@ -30,9 +34,21 @@ def wanted(requirement: Requirement, extras: frozenset[str]) -> bool:
     return any(requirement.marker.evaluate({"extra": extra}) for extra in extras or {""})
 
 
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def declared() -> list[Requirement]:
+    """Every requirement pyproject.toml names: the dependencies and every extra's."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    lines = list(project["dependencies"])
+    for extra in sorted(project.get("optional-dependencies", {})):
+        lines += project["optional-dependencies"][extra]
+    return [Requirement(line) for line in lines]
+
+
 def closure() -> dict[str, str]:
     pins: dict[str, str] = {}
-    stack = [(Requirement(line), EXTRAS) for line in metadata.requires(ROOT) or []]
+    stack = [(requirement, EXTRAS) for requirement in declared()]
     while stack:
         requirement, extras = stack.pop()
         name = canonical(requirement.name)

@@ -44,6 +44,7 @@ from tests.cluster_checks import event_mark, undelivered_finals
 APP_ID, APP_SECRET = "cli_cluster", "cluster-secret"
 ENCRYPT_KEY, VERIFICATION_TOKEN = "cluster-encrypt-key", "cluster-verification"
 API_TOKEN, ADMIN_TOKEN = "cluster-api-token", "cluster-admin-token"
+CLUSTER_SECRET = "cluster-secret-" + "s" * 32  # FP_CLUSTER__SECRET: what the instances sign clicks with
 REQUESTER, CHAT = "ou_requester", "oc_cluster"
 READY_SECONDS = 45.0
 DRAIN_SECONDS = 5.0
@@ -322,6 +323,7 @@ class Cluster:
         }
         if options.redis_url is not None:
             env["FP_REDIS_URL"] = options.redis_url
+            env["FP_CLUSTER__SECRET"] = CLUSTER_SECRET
         if instance is not None:
             env["FP_INSTANCE_ID"] = instance.instance_id
             env["FP_HTTP__PORT"] = str(instance.http_port)

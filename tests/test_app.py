@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import struct
 import time
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -403,6 +405,10 @@ async def test_the_runtime_hands_over_image_bytes_and_a_tool_result_names_the_re
     refused = await upload(b"#!/bin/sh\nrm -rf /\n")
     assert refused.status == 422 and (await refused.json())["error"] == "invalid_image"
     assert (await upload(png, field="other")).status == 422
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", 40_000, 40_000, 8, 6, 0, 0, 0)  # a 5 GiB RGBA decode
+    bomb = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
+    too_big = await upload(bomb)
+    assert too_big.status == 422 and "too_many_pixels" in (await too_big.json())["message"]
     assert (await upload(b"\x89PNG\r\n\x1a\n" + b"\x00" * (10 * 1024 * 1024))).status == 413
     unauthenticated = await client.post(f"/v1/tasks/{session_id}/images", data=b"x")
     assert unauthenticated.status == 401

@@ -212,8 +212,8 @@ def test_url_verification_plain_and_encrypted() -> None:
 
 def test_url_verification_with_wrong_token_is_401() -> None:
     plain = json.dumps(url_verification_payload("abc", token="nope")).encode()
-    rejected = _rejection(plain, {})
-    assert (rejected.status, rejected.reason) == (401, "invalid verification token")
+    rejected = _rejection(plain, {})  # unsigned: the one answer every unsigned failure gets
+    assert (rejected.status, rejected.reason) == (401, "missing signature headers")
 
 
 def test_encrypted_body_without_a_configured_key_is_400() -> None:
@@ -231,11 +231,14 @@ def test_every_failure_after_aes_has_one_reason_so_there_is_no_padding_oracle() 
     bad_padding = encrypt("other key", b'{"a": 1}')
     not_json = encrypt(ENCRYPT_KEY, b"\x01\x02 not json")
     not_object = encrypt(ENCRYPT_KEY, b"[1]")
-    reasons = {
-        _rejection(json.dumps({"encrypt": blob}).encode(), {}).reason
-        for blob in (bad_padding, not_json, not_object)
+    unsigned = {
+        (rejected.status, rejected.reason)
+        for blob in (bad_padding, not_json, not_object, "!!", base64.b64encode(b"\x00" * 33).decode())
+        for rejected in [_rejection(json.dumps({"encrypt": blob}).encode(), {})]
     }
-    assert reasons == {"encrypt cannot be decrypted"}
+    assert unsigned == {(401, "missing signature headers")}  # issue 26: nothing tells what AES made of it
+    signed = {_rejection(json.dumps({"encrypt": blob}).encode()).reason for blob in (bad_padding, not_json)}
+    assert signed == {"encrypt cannot be decrypted"}
 
 
 @pytest.mark.parametrize("blob", [b"", b"\x00" * 16, b"\x00" * 33])

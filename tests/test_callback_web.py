@@ -131,7 +131,7 @@ async def test_url_verification_echoes_the_challenge(aiohttp_client: ClientFacto
 @pytest.mark.parametrize(
     ("raw", "headers", "status"),
     [
-        (b"not json", {"Content-Type": "application/json"}, 400),
+        (b"not json", {"Content-Type": "application/json"}, 401),  # unsigned: one answer for all
         (b"{}", {"Content-Type": "text/plain"}, 415),
         (b"{}", {}, 415),
         (b"{}", {"Content-Type": "application/json"}, 401),  # no signature headers

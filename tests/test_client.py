@@ -86,12 +86,14 @@ class Service:
         """Write down each batch the service is handed; with ``hold``, answer only once it is set."""
         applied = self.service.apply_events
 
-        async def recording(session_id: int, batch: ev.EventBatch, key: str | None = None) -> int:
+        async def recording(
+            session_id: int, batch: ev.EventBatch, key: str | None = None, digest: str | None = None
+        ) -> int:
             self.batches.append([event.model_dump(by_alias=True) for event in batch.events])
             self.arrived.set()
             if hold is not None:
                 await hold.wait()
-            return await applied(session_id, batch, key)
+            return await applied(session_id, batch, key, digest)
 
         monkeypatch.setattr(self.service, "apply_events", recording)
 
@@ -193,12 +195,14 @@ async def test_errors_are_typed_and_name_the_field(app: Service) -> None:
         )
         with pytest.raises(NotFound):
             await fp.get_task(task.session_id + 1000)
-        await fp.post_events(task.session_id, [{"type": "finished", "status": "COMPLETED"}])
-        with pytest.raises(Conflict):
-            await fp.post_events(task.session_id, [{"type": "content", "text": "late"}])
         with pytest.raises(InvalidRequest) as not_image:
             await fp.upload_image(task.session_id, b"plain text")
         assert not_image.value.code == "invalid_image"
+        await fp.post_events(task.session_id, [{"type": "finished", "status": "COMPLETED"}])
+        with pytest.raises(Conflict):
+            await fp.post_events(task.session_id, [{"type": "content", "text": "late"}])
+        with pytest.raises(Conflict):  # a finished task takes no image: refused before its body is read
+            await fp.upload_image(task.session_id, b"\x89PNG\r\n\x1a\n")
     async with FeishuProgressClient(app.url, "wrong-token") as stranger:
         with pytest.raises(Unauthorized):
             await stranger.get_task(task.session_id)

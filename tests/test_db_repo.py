@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -148,6 +149,18 @@ async def test_an_idempotency_key_finds_its_task_and_is_taken_only_once(db: Data
     long_id = await tasks.create_task(task_fields(idempotency_key=long_key))
     again = await tasks.find_by_idempotency_key(long_key)
     assert again is not None and again.session_id == long_id
+
+
+async def test_a_key_spelling_a_hash_does_not_collide_with_the_long_key_it_hashes(db: Database) -> None:
+    tasks = TaskRepository(db)
+    long_key = "k" * 255
+    long_id = await tasks.create_task(task_fields(idempotency_key=long_key))
+    spelled = "sha256:" + hashlib.sha256(long_key.encode()).hexdigest()  # what the long key is stored as
+    assert await tasks.find_by_idempotency_key(spelled) is None
+    spelled_id = await tasks.create_task(task_fields(idempotency_key=spelled))
+    assert spelled_id != long_id
+    found = await tasks.find_by_idempotency_key(spelled)
+    assert found is not None and found.session_id == spelled_id
 
 
 async def test_delete_task_leaves_nothing_behind(db: Database) -> None:

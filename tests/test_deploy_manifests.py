@@ -34,6 +34,7 @@ def test_the_cluster_compose_runs_two_named_instances_on_one_mysql_and_redis_beh
     envs = [s["environment"] for s in serving.values()]
     assert len({env["FP_INSTANCE_ID"] for env in envs}) == 2
     assert {env["FP_REDIS_URL"] for env in envs} == {"redis://redis:6379/0"}
+    assert all(env["FP_CLUSTER__SECRET"].startswith("${FP_CLUSTER__SECRET:?") for env in envs)
     assert len({env["FP_DATABASE_URL"] for env in envs}) == 1 and "@mysql:3306/" in envs[0]["FP_DATABASE_URL"]
     for service in serving.values():
         assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
@@ -56,6 +57,8 @@ def test_the_cluster_deployment_has_two_replicas_named_by_their_pods_and_a_disru
     env = {item["name"]: item.get("valueFrom", item.get("value")) for item in container["env"]}
     assert env["FP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["FP_REDIS_URL"]["secretKeyRef"] == {"name": "feishu-progress", "key": "FP_REDIS_URL"}
+    secret = {"name": "feishu-progress", "key": "FP_CLUSTER__SECRET"}
+    assert env["FP_CLUSTER__SECRET"]["secretKeyRef"] == secret, "instances trust each other by it"
     assert pdb["kind"] == "PodDisruptionBudget" and pdb["spec"]["minAvailable"] == 1
     labels = spec["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()

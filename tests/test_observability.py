@@ -29,6 +29,7 @@ from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
     CardSettings,
+    ClusterSettings,
     FeishuSettings,
     HttpSettings,
     Settings,
@@ -183,6 +184,7 @@ def cluster_settings(mysql_url: str, redis_url: str, sandbox: RunningSandbox) ->
         database_url=mysql_url,
         redis_url=redis_url,
         instance_id="fp-metrics-test",
+        cluster=ClusterSettings(secret="metrics-cluster-secret-" + "x" * 16),
         feishu=FeishuSettings(
             base_url=sandbox.base_url,
             app_id="cli_metrics",

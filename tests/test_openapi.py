@@ -225,7 +225,7 @@ class Api:
 
     def slow_bodies(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The /v1 body deadline (10 s) shortened, so a slow body is cut off within the test."""
-        for reader in (web_http.read_json, web_http.read_file_field):
+        for reader in (web_http.read_json, web_http.read_body, web_http.read_file_field):
             assert reader.__kwdefaults__ is not None
             monkeypatch.setitem(reader.__kwdefaults__, "timeout", SLOW_BODY_SECONDS)
 
@@ -380,7 +380,8 @@ async def test_post_events_answers_as_documented(api: Api, monkeypatch: pytest.M
     api.break_database(monkeypatch)
     down = await api.call("POST", EVENTS, "/v1/tasks/998/events", json=one)
     assert down["error"] == "unavailable" and down["retry_after"] == 1
-    api.contract.assert_provoked_all(EVENTS, "post")
+    # 429 too_busy needs a large body held in progress: tests/test_load_isolation.py provokes it.
+    api.contract.assert_provoked_all(EVENTS, "post", except_=frozenset({"429"}))
 
 
 async def test_get_task_answers_as_documented(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -461,9 +462,12 @@ async def test_upload_image_answers_as_documented(api: Api, monkeypatch: pytest.
     api.slow_bodies(monkeypatch)
     slow = _slow(url, "multipart/form-data; boundary=b")
     assert (await api.raw(slow, IMAGES, "post"))["error"] == "body_timeout"
+    await api.events(session_id, {"type": "finished", "status": "COMPLETED"})
+    assert await api.error("POST", IMAGES, url, data=form(tiny_png())) == "task_finished"
     api.break_database(monkeypatch)
     assert await api.error("POST", IMAGES, "/v1/tasks/998/images", data=form(tiny_png())) == "unavailable"
-    api.contract.assert_provoked_all(IMAGES, "post")
+    # 429 too_busy needs every upload slot held: tests/test_load_isolation.py provokes it.
+    api.contract.assert_provoked_all(IMAGES, "post", except_=frozenset({"429"}))
 
 
 async def test_the_feishu_callback_answers_as_documented(api: Api) -> None:

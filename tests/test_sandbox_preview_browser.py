@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SANDBOX_APP_ID, SANDBOX_APP_SECRET, SERVICES, create_app
+from feishu_progress.app import SANDBOX_APP_ID, SERVICES, create_app
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -378,7 +378,8 @@ HOSTILE = (
 
 def raw_cards(sandbox: RunningSandbox) -> FeishuClient:
     """A Feishu client of the sandbox's app: cards sent with it skip our escaping (untrusted JSON)."""
-    settings = FeishuSettings(base_url=sandbox.base_url, app_id=SANDBOX_APP_ID, app_secret=SANDBOX_APP_SECRET)
+    secret = sandbox.state.config.app_secret  # made up when the service started its sandbox
+    settings = FeishuSettings(base_url=sandbox.base_url, app_id=SANDBOX_APP_ID, app_secret=secret)
     return FeishuClient(settings)
 
 

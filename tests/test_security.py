@@ -4,6 +4,7 @@ bad bearer tokens). Each test fails on the code before the fix."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
@@ -27,7 +29,7 @@ from feishu_progress.config import (
 )
 from feishu_progress.errors import ConfigError, FeishuAPIError
 from feishu_progress.feishu.client import FeishuClient
-from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.sandbox.clicks import card_action_payload, encrypt, signed_request
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import success
 
@@ -221,7 +223,7 @@ async def test_a_slow_callback_body_is_cut_off(tmp_path: Path, aiohttp_client: A
     reader, writer = await asyncio.open_connection(client.host, client.port)
     try:
         writer.write(
-            b"POST /feishu/callback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /feishu/callback HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100\r\n\r\n{"
         )
         await writer.drain()
@@ -303,3 +305,101 @@ async def test_strings_from_runtimes_and_clicks_are_logged_quoted(
     assert any("not the requester" in line for line in logged), logged
     assert any("unknown task_id" in line for line in logged), logged
     assert not [line for line in logged if "\n" in line], logged
+
+
+# -- issue 26 item 9: an unsigned body is no decryption oracle ---------------------------------------
+
+
+async def test_every_unsigned_body_but_the_url_check_gets_one_answer(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    settings = sandbox_client.server.app[SERVICES].settings
+    assert settings.feishu.encrypt_key is not None and settings.feishu.verification_token is not None
+    key, token = (
+        settings.feishu.encrypt_key.get_secret_value(),
+        settings.feishu.verification_token.get_secret_value(),
+    )
+    click = card_action_payload(
+        open_id=REQUESTER, message_id="om_x", value={"v": 1}, verification_token=token, now=time.time()
+    )
+    bodies = {
+        "not base64": {"encrypt": "not-base64-at-all"},
+        "short ciphertext": {"encrypt": base64.b64encode(b"x" * 16).decode()},
+        "bad padding": {"encrypt": base64.b64encode(os.urandom(48)).decode()},
+        "not JSON inside": {"encrypt": encrypt(key, b"\xff not json")},
+        "a click, encrypted but unsigned": {"encrypt": encrypt(key, json.dumps(click).encode())},
+        "a plain click": click,
+    }
+    answers = set()
+    for label, body in bodies.items():
+        response = await sandbox_client.post("/feishu/callback", json=body)
+        answers.add((response.status, (await response.json())["message"]))
+        assert response.status == 401, label
+    assert answers == {(401, "missing signature headers")}
+    url_check = {"type": "url_verification", "challenge": "c-1", "token": token}
+    ok = await sandbox_client.post(
+        "/feishu/callback", json={"encrypt": encrypt(key, json.dumps(url_check).encode())}
+    )
+    assert ok.status == 200 and (await ok.json()) == {"challenge": "c-1"}
+
+
+# -- issue 26 item 8: sandbox mode without a token is no open door for a browser ------------------------
+
+
+async def test_without_a_token_only_loopback_host_names_are_served(
+    sandbox_client: TestClient[Any, Any],
+) -> None:
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+    for host in ("attacker.example", "attacker.example:8000", "127.0.0.1.nip.io", "[::2]:80"):
+        rebound = await sandbox_client.post("/v1/tasks", json=body, headers={"Host": host})
+        assert rebound.status == 403, host
+        assert (await rebound.json())["error"] == "forbidden_host"
+        page = await sandbox_client.get("/sandbox/", headers={"Host": host})
+        assert page.status == 403, host
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LOCALHOST."):
+        assert (await sandbox_client.post("/v1/tasks", json=body, headers={"Host": host})).status == 201, host
+
+
+async def test_without_a_token_cross_site_requests_are_refused(sandbox_client: TestClient[Any, Any]) -> None:
+    body = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": REQUESTER}
+    cross_site = [
+        {"Origin": "https://attacker.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://localhost:3000"},
+    ]
+    for headers in cross_site:
+        refused = await sandbox_client.post("/v1/tasks", json=body, headers=headers)
+        assert refused.status == 403, headers
+        assert (await refused.json())["error"] == "cross_site"
+    created = await sandbox_client.post(
+        "/v1/tasks", json=body, headers={"Origin": "http://127.0.0.1:8000", "Sec-Fetch-Site": "same-origin"}
+    )
+    assert created.status == 201
+    form = aiohttp.FormData()
+    form.add_field("image", b"\x89PNG\r\n\x1a\n" + b"\x00" * 32, filename="x.png", content_type="image/png")
+    session_id = (await created.json())["session_id"]
+    upload = await sandbox_client.post(
+        f"/v1/tasks/{session_id}/images", data=form, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert upload.status == 403
+
+
+async def test_the_in_process_sandbox_has_a_secret_of_its_own_and_no_test_endpoints(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    secrets_seen = set()
+    for run in range(2):
+        settings = _sandbox_settings(tmp_path / str(run))
+        (tmp_path / str(run)).mkdir()
+        client: TestClient[Any, Any] = await aiohttp_client(
+            create_app(settings, registry=CollectorRegistry())
+        )
+        sandbox = client.server.app[SERVICES].sandbox
+        assert sandbox is not None
+        secrets_seen.add(sandbox.state.config.app_secret)
+        for path in ("/_sandbox/messages", "/_sandbox/stats"):
+            async with client.session.get(sandbox.base_url + path) as answer:
+                assert answer.status == 404, path
+        await client.close()
+    assert len(secrets_seen) == 2 and "sandbox-secret" not in secrets_seen

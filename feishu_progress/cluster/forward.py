@@ -5,11 +5,13 @@ that reaches another instance is forwarded as it came (method, path, body, the r
 with ``X-FP-Forwarded-By``; an instance never forwards a forwarded request again (no loops while
 ownership moves). An event batch the writer does not take in time (paused, dead, slow) goes to the
 event log instead (cluster/wiring.py), where the writer or its successor applies it in order. Clicks
-are forwarded as the verified event, to ``/internal/v1/clicks``, within Feishu's 3-second window.
+are forwarded as the verified event, to ``/internal/v1/clicks``, within Feishu's 3-second window,
+signed with the cluster secret (``cluster/trust.py``): the runtime token would let any runtime forge one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from feishu_progress.cluster.trust import signed_headers
 from feishu_progress.errors import ForwardFailed
 from feishu_progress.feishu.callback import CardActionEvent
 
@@ -33,6 +36,10 @@ def event_to_json(event: CardActionEvent) -> dict[str, Any]:
     return data
 
 
+_TEXT = ("event_id", "token", "open_id", "message_id")
+_OPTIONAL_TEXT = ("union_id", "user_id", "chat_id", "tag", "name", "input_value", "option", "tenant_key")
+
+
 def event_from_json(data: Any) -> CardActionEvent:
     """The event ``event_to_json`` sent (ValueError naming what is wrong otherwise)."""
     if not isinstance(data, dict):
@@ -41,11 +48,29 @@ def event_from_json(data: Any) -> CardActionEvent:
     unknown = set(fields) - set(CardActionEvent.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown field {sorted(unknown)[0]!r}")
-    for name in ("event_id", "token", "open_id", "message_id"):
+    for name in _TEXT:
         if not isinstance(fields.get(name), str):
             raise ValueError(f"field {name!r} must be a string")
-    fields["options"] = tuple(str(option) for option in fields.get("options") or ())
+    for name in _OPTIONAL_TEXT:
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            raise ValueError(f"field {name!r} must be a string or null")
+    for name in ("value", "form_value"):
+        if not isinstance(fields.setdefault(name, {}), dict):
+            raise ValueError(f"field {name!r} must be an object")
+    options = fields.get("options") or []
+    if not isinstance(options, list) or not all(isinstance(option, str) for option in options):
+        raise ValueError("field 'options' must be a list of strings")
+    fields["options"] = tuple(options)
+    _check_scalars(fields)
     return CardActionEvent(**fields)
+
+
+def _check_scalars(fields: dict[str, Any]) -> None:
+    checked, created = fields.get("checked"), fields.get("create_time")
+    if checked is not None and not isinstance(checked, bool):
+        raise ValueError("field 'checked' must be a boolean or null")
+    if created is not None and (isinstance(created, bool) or not isinstance(created, int | float)):
+        raise ValueError("field 'create_time' must be a number or null")
 
 
 class Forwarder:
@@ -98,22 +123,23 @@ class Forwarder:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ForwardFailed(f"{address}: {type(exc).__name__}") from exc
 
-    async def click(self, address: str, event: CardActionEvent, token: str | None) -> dict[str, Any]:
-        """Have the owner handle a verified click; its rendered answer (toast and card) comes back."""
+    async def click(self, address: str, event: CardActionEvent, secret: str, now: float) -> dict[str, Any]:
+        """Have the owner handle a verified click, signed with the cluster secret; its rendered answer
+        (toast and card) comes back."""
         assert self._session is not None
-        headers = {FORWARDED_HEADER: self._me}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        body = json.dumps(event_to_json(event)).encode()
+        headers = {FORWARDED_HEADER: self._me, "Content-Type": "application/json"}
+        headers.update(signed_headers(secret, "POST", INTERNAL_CLICKS_PATH, body, now))
         try:
             async with self._session.post(
                 address + INTERNAL_CLICKS_PATH,
-                json=event_to_json(event),
+                data=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self._click_timeout),
             ) as answer:
                 if answer.status != 200:
                     raise ForwardFailed(f"{address} answered {answer.status}")
-                body: dict[str, Any] = await answer.json()
-                return body
+                answered: dict[str, Any] = await answer.json()
+                return answered
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise ForwardFailed(f"{address}: {type(exc).__name__}") from exc

@@ -184,8 +184,9 @@ class ClusterMode:
     # -- RemoteClicks (for card actions) ------------------------------------------------------------
 
     async def click(self, address: str, event: CardActionEvent) -> Mapping[str, Any]:
-        token = self._settings.api.token
-        return await self.forwarder.click(address, event, token.get_secret_value() if token else None)
+        secret = self._settings.cluster.secret
+        assert secret is not None  # Settings.serving_problems: cluster mode does not start without it
+        return await self.forwarder.click(address, event, secret.get_secret_value(), self._clock.wall())
 
     # -- callback dedupe across instances -----------------------------------------------------------
 

@@ -22,17 +22,20 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from feishu_progress.cluster.forward import FORWARDED_HEADER, INTERNAL_CLICKS_PATH, event_from_json
 from feishu_progress.cluster.mode import ClusterMode
+from feishu_progress.cluster.trust import from_peer
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere, UnknownTask
-from feishu_progress.feishu.callback import render_reply
+from feishu_progress.feishu.callback import CardActionEvent, render_reply
+from feishu_progress.feishu.pipeline import DUPLICATE_REPLY
+from feishu_progress.ports import Deduper
 from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.responses import EventsAccepted
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.services import Services
 from feishu_progress.web.api import read_event_batch
-from feishu_progress.web.http import HttpError, parse_id, read_json, require_bearer
+from feishu_progress.web.http import HttpError, parse_id, parse_json, read_body
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +159,10 @@ async def _forward_events(
     """
     cluster = services.cluster
     assert cluster is not None
-    key, payload, batch = await read_event_batch(request)
-    key = key or f"fp-forwarded:{uuid.uuid4().hex}"
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    logged = _EventsToLog(session_id, key, body, len(batch.events))
+    read = await read_event_batch(request)
+    key = read.key or f"fp-forwarded:{uuid.uuid4().hex}"
+    body = json.dumps(read.payload, ensure_ascii=False, separators=(",", ":"))
+    logged = _EventsToLog(session_id, key, body, len(read.batch.events))
     if request.headers.get(FORWARDED_HEADER) or elsewhere is None or elsewhere.address is None:
         return await _log_events(cluster, logged)
     try:
@@ -168,7 +171,7 @@ async def _forward_events(
         # applied twice (skipped by its key, but read, checked and saved again) — in the 200-card bench
         # that tripled p99 (3.9 → 13 s) and drew client timeouts.
         answer = await cluster.forwarder.request(
-            request, elsewhere.address, body=body.encode(), idempotency_key=key
+            request, elsewhere.address, body=read.raw, idempotency_key=key
         )
     except ForwardFailed as exc:
         log.warning("forwarding %r to %s failed: %s; logging it", request.path, elsewhere.owner, exc)
@@ -201,22 +204,47 @@ async def _log_events(cluster: ClusterMode, batch: _EventsToLog) -> web.Response
 
 
 def internal_routes(services: Services) -> list[web.RouteDef]:
-    """``POST /internal/v1/clicks``: a click another instance verified and deduplicated, for a card here."""
+    """``POST /internal/v1/clicks``: a click a peer verified and deduplicated, for a card here.
+
+    Only a peer may send one: the request must carry the cluster secret's signature (``cluster/trust.py``);
+    the runtime token is refused, since every runtime holds it. A click replayed within the signature's
+    window is answered as a duplicate, never applied twice.
+    """
 
     async def clicks(request: web.Request) -> web.Response:
-        token = services.settings.api.token
-        if token is not None:
-            require_bearer(request, token, "FP_API__TOKEN")
-        if services.actions is None:
+        body = await read_body(request, limit=INTERNAL_CLICK_MAX_BYTES)
+        _require_peer(services, request, body)
+        if services.actions is None or services.deduper is None:
             raise HttpError(503, "unavailable", "starting up", retry_after=1)
         try:
-            event = event_from_json(await read_json(request, limit=INTERNAL_CLICK_MAX_BYTES))
+            event = event_from_json(parse_json(body))
         except ValueError as exc:
             raise HttpError(400, "invalid_click", str(exc)) from None
+        if await _seen_here(services.deduper, event):
+            log.info("forwarded click %r is a replay: not applied again", event.event_id[:64])
+            return web.json_response(render_reply(DUPLICATE_REPLY, services.settings.card.locales))
         reply = await services.actions.handle(event, forwarded=True)
         return web.json_response(render_reply(reply, services.settings.card.locales))
 
     return [web.post(INTERNAL_CLICKS_PATH, clicks)]
+
+
+def _require_peer(services: Services, request: web.Request, body: bytes) -> None:
+    secret = services.settings.cluster.secret
+    now = services.clock.wall()
+    if secret is None or not from_peer(
+        secret.get_secret_value(), request.method, request.path, request.headers, body, now=now
+    ):
+        raise HttpError(
+            401, "unauthorized", "only a peer instance may call /internal/ (signed with FP_CLUSTER__SECRET)"
+        )
+
+
+async def _seen_here(deduper: Deduper, event: CardActionEvent) -> bool:
+    # Its own keys: the forwarding peer already recorded the click's event and token keys.
+    new_event = await deduper.first_seen(f"forwarded-event:{event.event_id}")
+    new_token = await deduper.first_seen(f"forwarded-token:{event.token}")
+    return not (new_event and new_token)
 
 
 async def stop_cluster(services: Services) -> bool:

@@ -177,6 +177,8 @@ class TaskCard(TimestampMixin, Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # The runtime's Idempotency-Key of POST /v1/tasks: a repeat answers the same task.
     idempotency_key: Mapped[str | None] = mapped_column(String(191))
+    # A digest of the create request that came with the key: the key reused for another is refused.
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     # "cardkit" (a card entity, streamed text) or "patch" (a message PATCHed whole); None: patch.
     transport: Mapped[str | None] = mapped_column(String(16))
     card_id: Mapped[str | None] = mapped_column(String(64))  # the CardKit entity, when transport is cardkit

@@ -47,6 +47,14 @@ def storable_key(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+def stored_idempotency_key(key: str) -> str:
+    """``storable_key`` for a runtime's Idempotency-Key: a key that itself reads ``sha256:…`` is hashed
+    too, so it cannot collide with the long key whose hash it spells."""
+    if key.startswith("sha256:"):
+        return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return storable_key(key)
+
+
 def _fit(value: str | None, limit: int) -> str | None:
     return None if value is None else value[:limit]
 
@@ -77,6 +85,7 @@ class TaskRecord:
     last_event_at: datetime
     finished_at: datetime | None
     idempotency_key: str | None = None
+    request_digest: str | None = None  # of the create request that came with the key
     fence: int = 0
     owner_instance: str | None = None
     card_id: str | None = None  # the CardKit card entity (None: the message is PATCHed whole)
@@ -96,6 +105,7 @@ class NewTask:
     locale: str | None = None
     session_id: int | None = None  # the runtime's own id; generated when None
     idempotency_key: str | None = None
+    request_digest: str | None = None  # ``state.request_digest`` of the request, kept with the key
     owner_instance: str | None = None  # cluster mode: the instance that creates it writes it (fence 1)
     app: str = "default"  # the Feishu/Lark app that sends and writes the card
 
@@ -144,6 +154,7 @@ def _task_record(card: TaskCard, title: str | None) -> TaskRecord:
         last_event_at=card.last_event_at,
         finished_at=card.finished_at,
         idempotency_key=card.idempotency_key,
+        request_digest=card.request_digest,
         fence=int(card.fence or 0),
         owner_instance=card.owner_instance,
         card_id=card.card_id if card.transport == CARDKIT_TRANSPORT else None,
@@ -164,7 +175,10 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
         disliked=False,
         started_at=task.now,
         last_event_at=task.now,
-        idempotency_key=None if task.idempotency_key is None else storable_key(task.idempotency_key),
+        idempotency_key=None
+        if task.idempotency_key is None
+        else stored_idempotency_key(task.idempotency_key),
+        request_digest=task.request_digest,
         owner_instance=task.owner_instance,
         fence=1 if task.owner_instance else 0,
         app=task.app,
@@ -245,7 +259,7 @@ class TaskRepository:
 
     async def find_by_idempotency_key(self, key: str) -> TaskRecord | None:
         """The task a runtime created with this Idempotency-Key, if any."""
-        return await self._one(TaskCard.idempotency_key == storable_key(key))
+        return await self._one(TaskCard.idempotency_key == stored_idempotency_key(key))
 
     async def delete_task(self, session_id: int) -> None:
         """Remove a task whose first card could not be sent (nothing half-made stays behind)."""

@@ -54,6 +54,7 @@ _AES_BLOCK = 16
 _DIGITS = re.compile(r"[0-9]{1,20}")
 # One reason for every failure after AES (padding, UTF-8, JSON): distinct answers would be a padding oracle.
 UNDECRYPTABLE = "encrypt cannot be decrypted"
+UNSIGNED = "missing signature headers"  # the one answer to every unsigned body but the URL check
 
 ToastType = Literal["info", "success", "warning", "error"]
 
@@ -210,22 +211,38 @@ def parse_callback(
     verification_token = _secret(keys.verification_token)
     if not encrypt_key and not verification_token:
         raise CallbackRejected(401, "callbacks are not configured: no Encrypt Key and no verification token")
-    signed = _has_signature(lower_headers)
-    if encrypt_key and signed:
+    if encrypt_key and not _has_signature(lower_headers):
+        return _unsigned_url_check(raw_body, encrypt_key, verification_token)
+    if encrypt_key:
         # The signature covers the raw bytes: check it before decrypting or parsing anything.
         _check_signature(raw_body, lower_headers, encrypt_key)
     payload = _load_object(raw_body, "body")
     if "encrypt" in payload:
         payload = _decrypted_payload(payload["encrypt"], encrypt_key)
-    is_url_check = payload.get("type") == URL_VERIFICATION
-    if encrypt_key and not signed and not is_url_check:
-        raise CallbackRejected(401, "missing signature headers")
     _check_token(payload, verification_token)
-    if is_url_check:
+    if payload.get("type") == URL_VERIFICATION:
         return _url_verification(payload)
     _check_fresh(lower_headers, _create_time(payload), now, settings.callback.timestamp_window_seconds)
     _check_event_type(payload)
     return event_from_payload(payload)
+
+
+def _unsigned_url_check(raw_body: bytes, encrypt_key: str, verification_token: str) -> UrlVerification:
+    """With an Encrypt Key, only Feishu's URL check comes unsigned; anything else unsigned is refused.
+
+    Every failure answers the same 401 and sentence: telling bad base64, bad padding and bad JSON of a
+    decrypted body apart would make this endpoint an oracle for ciphertexts nobody signed.
+    """
+    try:
+        payload = _load_object(raw_body, "body")
+        if "encrypt" in payload:
+            payload = _decrypted_payload(payload["encrypt"], encrypt_key)
+        if payload.get("type") == URL_VERIFICATION:
+            _check_token(payload, verification_token)
+            return _url_verification(payload)
+    except CallbackRejected:
+        pass
+    raise CallbackRejected(401, UNSIGNED)
 
 
 def event_from_payload(payload: Mapping[str, Any]) -> CardActionEvent:

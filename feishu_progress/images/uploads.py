@@ -25,6 +25,7 @@ IMAGE_KEY_CACHE_ENTRIES = 1024
 DEFAULT_CONCURRENCY = 4
 
 Load = Callable[[], Awaitable[bytes]]
+Check = Callable[[bytes], None]  # raises to refuse the bytes before they are uploaded
 
 
 class ImageClient(Protocol):
@@ -41,6 +42,10 @@ class UploadBudget(Protocol):
 
 class UploadAbandoned(FeishuProgressError):
     """The upload another caller was waiting for was cancelled before it finished."""
+
+
+class UploadsBusy(FeishuProgressError):
+    """Every upload slot stayed taken for the caller's ``max_wait``: nothing was read (answer 429)."""
 
 
 class ImageUploads:
@@ -68,22 +73,45 @@ class ImageUploads:
 
         return await self.upload_from(given)
 
-    async def upload_from(self, load: Load) -> str:
-        """Load a body and upload it, holding one of the ``concurrency`` slots for both."""
-        async with self._slots:
-            data = await load()
-            require_image(data)
-            # On the loop (~18 ms for 10 MB, under one slot): no await between hashing and the lookup,
-            # so a second caller with the same bytes always finds the first one's flight or key.
-            digest = hashlib.sha256(data).hexdigest()
-            cached = self._keys.get(digest)
-            if cached is not None:
-                return cached
-            flight = self._flights.get(digest)
-            if flight is None:
-                return await self._upload_once(digest, data)
-            del data  # the leader holds the body; waiting for its key needs no slot and no copy
-        return await wait_shared(flight)
+    async def upload_from(
+        self, load: Load, *, max_wait: float | None = None, check: Check | None = None
+    ) -> str:
+        """Load a body and upload it, holding one of the ``concurrency`` slots for both.
+
+        ``max_wait``: give up (UploadsBusy) when no slot frees within it, before ``load`` reads a byte —
+        a request body waiting for a slot stays in the socket, not in memory. ``check`` runs on the
+        loaded bytes before any upload (the task's image cap and status: refused images cost Feishu
+        nothing).
+        """
+        try:
+            async with asyncio.timeout(max_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UploadsBusy(f"no upload slot within {max_wait} s") from None
+        try:
+            outcome = await self._load_and_upload(load, check)
+        finally:
+            self._slots.release()
+        if isinstance(outcome, str):
+            return outcome
+        return await wait_shared(outcome)
+
+    async def _load_and_upload(self, load: Load, check: Check | None) -> str | asyncio.Future[str]:
+        """The key, or the flight of the same bytes' upload to wait for once the slot is given back."""
+        data = await load()
+        require_image(data)
+        if check is not None:
+            check(data)
+        # On the loop (~18 ms for 10 MB, under one slot): no await between hashing and the lookup,
+        # so a second caller with the same bytes always finds the first one's flight or key.
+        digest = hashlib.sha256(data).hexdigest()
+        cached = self._keys.get(digest)
+        if cached is not None:
+            return cached
+        flight = self._flights.get(digest)
+        if flight is None:
+            return await self._upload_once(digest, data)
+        return flight  # the leader holds the body; waiting for its key needs no slot and no copy
 
     async def _upload_once(self, digest: str, data: bytes) -> str:
         flight: asyncio.Future[str] = shared_future()

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from feishu_progress.db.repo import LoggedBatch, SubagentRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import TaskStatus
-from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict
+from feishu_progress.errors import REUSED_KEY, EventRejected, NotWritableHere, TaskConflict
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
@@ -67,18 +67,22 @@ class EventApplier:
         # Cluster mode: batches other instances stored for this instance's cards (cluster/wiring.py).
         self.event_log: EventLog | None = None
 
-    async def apply(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None) -> int:
+    async def apply(
+        self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None, body: str | None = None
+    ) -> int:
         """Apply a validated batch in order; returns how many events were applied.
 
         A batch sent again with the same ``idempotency_key`` (a retry after an answer that was lost, or
         a batch another instance also put in the event log) is answered as the first time and not
-        applied again. Cluster mode: batches in the event log go first (they were accepted earlier).
+        applied again; the same key with other events (``body``: their ``request_digest``) is refused
+        (EventRejected on ``Idempotency-Key``). Cluster mode: batches in the event log go first (they
+        were accepted earlier).
         """
         async with task.lock:
             before = task.state.status
             drained = await self._drain_log(task)
             try:
-                applied = await self._apply_batch(task, batch, idempotency_key)
+                applied = await self._apply_batch(task, batch, idempotency_key, body)
             finally:
                 if drained:  # the logged batches are in, whatever becomes of this one
                     await self._settle(task, before, drained=True)
@@ -95,17 +99,24 @@ class EventApplier:
                 await self._settle(task, before, drained=True)
         return drained
 
-    async def _apply_batch(self, task: Task, batch: ev.EventBatch, idempotency_key: str | None) -> bool:
-        """Check the batch whole, then apply it (False: a repeat of an applied Idempotency-Key)."""
+    async def _apply_batch(
+        self, task: Task, batch: ev.EventBatch, idempotency_key: str | None, body: str | None = None
+    ) -> bool:
+        """Check the batch whole, then apply it (False: a repeat of an applied Idempotency-Key).
+
+        ``body``: the request's digest, kept with the key; None (a logged copy) checks nothing.
+        """
         state = task.state
         digest = None if idempotency_key is None else batch_digest(idempotency_key)
         if digest is not None and digest in state.applied_batches:
+            if state.reused_key(digest, body):
+                raise EventRejected("Idempotency-Key", REUSED_KEY)
             return False
         state.check_batch(batch.events)
         for event in batch.events:
             await self._apply_one(task, event)
         if digest is not None:
-            state.remember_batch(digest)
+            state.remember_batch(digest, body)
         state.end_batch(self._clock.wall())
         self._metrics.events.inc(len(batch.events))
         return True

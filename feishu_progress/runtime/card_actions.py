@@ -76,6 +76,11 @@ def parse_click(value: Mapping[str, Any]) -> Click | None:
     )
 
 
+def _on_this_card(state: TaskState, event: CardActionEvent) -> bool:
+    """Whether the click came from this task's card: a button's value names a task, the message proves it."""
+    return not state.message_id or event.message_id == state.message_id
+
+
 def _toast(kind: ToastType, key: str, card: Mapping[str, Any] | None = None) -> CallbackReply:
     return CallbackReply(toast_type=kind, text=Msg(key), card=card)
 
@@ -116,7 +121,7 @@ class CardActions:
             return await self._record_only(click, event)
         if task is None or not _same_app(task.state, event):
             return _toast("error", "card.toast.unknown_task")
-        if task.state.message_id and event.message_id and event.message_id != task.state.message_id:
+        if not _on_this_card(task.state, event):
             return _toast("error", "card.toast.expired")
         if task.card.stopped_reason is not None:  # past the 14-day window, recalled or deleted
             return _toast("info", "card.toast.expired")
@@ -142,6 +147,8 @@ class CardActions:
         state = None if self._saved_state is None else await self._saved_state(click.session_id)
         if state is None or not _same_app(state, event):
             return _toast("error", "card.toast.unknown_task")
+        if not _on_this_card(state, event):
+            return _toast("error", "card.toast.expired")
         if not self._may_act(state, event):
             return _toast("error", "card.toast.not_requester")
         decision = _DECIDERS[click.action](state, click, event)

@@ -25,7 +25,13 @@ from feishu_progress.config import Settings
 from feishu_progress.db.repo import MAX_REF_LENGTH, NewTask, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import CardState
-from feishu_progress.errors import FeishuAPIError, FeishuProgressError, TaskConflict
+from feishu_progress.errors import (
+    REUSED_KEY,
+    EventRejected,
+    FeishuAPIError,
+    FeishuProgressError,
+    TaskConflict,
+)
 from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
 from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
 from feishu_progress.ports import Clock
@@ -33,7 +39,7 @@ from feishu_progress.progress.scheduler import BudgetBusy
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
 from feishu_progress.runtime.snapshots import state_from_record
-from feishu_progress.runtime.state import TaskState
+from feishu_progress.runtime.state import TaskState, request_digest
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +81,22 @@ class TaskCreator:
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
         """Create the task and send its first card (raises TaskConflict, FirstCardFailed, UnknownApp)."""
         app = self._apps.resolve(request.app)
+        digest = None if idempotency_key is None else request_digest(request.model_dump_json())
         if idempotency_key is not None:
             earlier = await self._repo.find_by_idempotency_key(idempotency_key)
             if earlier is not None:
-                return await self._finish_earlier(earlier, idempotency_key)
+                return await self._finish_earlier(earlier, idempotency_key, digest)
         now = self._clock.wall()
         try:
             session_id = await self._repo.create_task(
-                _new_task(request, app.name, idempotency_key, utc_datetime(now), self.owner)
+                _new_task(
+                    request,
+                    app=app.name,
+                    key=idempotency_key,
+                    now=utc_datetime(now),
+                    owner=self.owner,
+                    digest=digest,
+                )
             )
         except TaskConflict:
             if idempotency_key is None:
@@ -90,7 +104,7 @@ class TaskCreator:
             racing = await self._repo.find_by_idempotency_key(idempotency_key)
             if racing is None:
                 raise
-            return await self._finish_earlier(racing, idempotency_key)  # a concurrent create with the key
+            return await self._finish_earlier(racing, idempotency_key, digest)  # a concurrent create
         state = TaskState(
             session_id=session_id,
             requester_open_id=request.requester_open_id,
@@ -105,8 +119,14 @@ class TaskCreator:
         )
         return await self._send_first(state, request.reply_to_message_id, idempotency_key)
 
-    async def _finish_earlier(self, record: TaskRecord, key: str) -> CreatedTask:
-        """The key was used before: the same task, its first send completed if it never was."""
+    async def _finish_earlier(self, record: TaskRecord, key: str, digest: str | None) -> CreatedTask:
+        """The key was used before: the same task, its first send completed if it never was.
+
+        Only for the same request: the key reused for another (another chat, another requester) would
+        hand someone else's task back, so it is refused.
+        """
+        if record.request_digest is not None and digest is not None and record.request_digest != digest:
+            raise EventRejected("Idempotency-Key", REUSED_KEY)
         if record.message_id is not None:
             return CreatedTask(record.session_id, record.message_id)
         return await self._send_first(state_from_record(record), record.reply_to_message_id, key)
@@ -199,7 +219,13 @@ class TaskCreator:
 
 
 def _new_task(
-    request: ev.CreateTaskRequest, app: str, key: str | None, now: Any, owner: str | None
+    request: ev.CreateTaskRequest,
+    *,
+    app: str,
+    key: str | None,
+    now: Any,
+    owner: str | None,
+    digest: str | None,
 ) -> NewTask:
     return NewTask(
         app=app,
@@ -212,6 +238,7 @@ def _new_task(
         locale=request.locale,
         session_id=request.session_id,
         idempotency_key=key,
+        request_digest=digest,
         owner_instance=owner,
     )
 

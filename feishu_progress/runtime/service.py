@@ -25,8 +25,9 @@ from typing import Protocol
 
 from feishu_progress.apps import AppRegistry
 from feishu_progress.background import BackgroundTasks
-from feishu_progress.errors import NotWritableHere, UnknownTask
+from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict, TooManyLive, UnknownTask
 from feishu_progress.images import require_image
+from feishu_progress.images.uploads import Load
 from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.action_log import ActionLog
@@ -36,7 +37,7 @@ from feishu_progress.runtime.housekeeping import Housekeeping
 from feishu_progress.runtime.registry import TaskRegistry
 from feishu_progress.runtime.responses import ImageUploaded, TaskView, UserAction
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
-from feishu_progress.runtime.state import UPLOADED_IMAGE_PREFIX, TaskState
+from feishu_progress.runtime.state import MAX_IMAGE_KEYS, UPLOADED_IMAGE_PREFIX, TaskState, request_digest
 from feishu_progress.runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,18 @@ class Ownership(Protocol):
     def release_later(self, session_ids: Sequence[int]) -> None: ...
 
 
+def _uploaded_ref(data: bytes) -> str:
+    return UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
+
+
+def _check_image_room(state: TaskState, ref: str) -> None:
+    """Whether the task takes the uploaded image ``ref`` (one it already holds needs no new room)."""
+    if state.status.is_terminal:
+        raise TaskConflict(f"task {state.session_id} has finished")
+    if ref not in state.image_keys and len(state.image_keys) >= MAX_IMAGE_KEYS:
+        raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
+
+
 @dataclass
 class TaskService:
     registry: TaskRegistry
@@ -71,12 +84,17 @@ class TaskService:
     apps: AppRegistry
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     ownership: Ownership | None = None  # cluster mode only
+    max_live: int | None = None  # FP_TASK__MAX_LIVE: creates past it raise TooManyLive
     # Cluster mode: a lock (and how many wait for it) per task being loaded (``_loading``).
     _loads: dict[int, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False, repr=False)
 
     async def create_task(
         self, request: ev.CreateTaskRequest, idempotency_key: str | None = None
     ) -> CreatedTask:
+        """Create a task (one per Idempotency-Key; the key reused for another request: EventRejected;
+        TooManyLive when this process already holds ``max_live`` live tasks)."""
+        if self.max_live is not None and len(self.registry) >= self.max_live:
+            raise TooManyLive(f"this instance holds {len(self.registry)} live tasks (FP_TASK__MAX_LIVE)")
         return await self.creator.create(request, idempotency_key)
 
     async def task(self, session_id: int) -> Task | None:
@@ -195,31 +213,63 @@ class TaskService:
         return task
 
     async def apply_events(
-        self, session_id: int, batch: ev.EventBatch, idempotency_key: str | None = None
+        self,
+        session_id: int,
+        batch: ev.EventBatch,
+        idempotency_key: str | None = None,
+        body_digest: str | None = None,
     ) -> int:
-        """Apply a validated batch in order (TaskConflict after the task finished); returns how many."""
-        return await self.applier.apply(await self.require(session_id), batch, idempotency_key)
+        """Apply a validated batch in order (TaskConflict after the task finished); returns how many.
+
+        With an Idempotency-Key the batch's digest is kept: the key sent again with other events is an
+        EventRejected on ``Idempotency-Key``, not a repeat answered without applying them. The web
+        layer passes ``body_digest`` (of the raw body: cheaper than serialising the batch again).
+        """
+        body = body_digest
+        if body is None and idempotency_key is not None:
+            body = request_digest(batch.model_dump_json())
+        return await self.applier.apply(await self.require(session_id), batch, idempotency_key, body)
 
     async def add_image(self, session_id: int, data: bytes) -> ImageUploaded:
+        """``add_image_from`` for bytes already in memory."""
+
+        async def given() -> bytes:
+            return data
+
+        return await self.add_image_from(session_id, given)
+
+    async def add_image_from(
+        self, session_id: int, load: Load, *, max_wait: float | None = None
+    ) -> ImageUploaded:
         """``POST /v1/tasks/{id}/images``: upload the bytes, answer the ``fpimg:`` ref a tool result names.
 
-        The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise); they pass through the same
-        bounded upload gate as every other image. The ref is the content's digest, so the same image
-        uploaded twice is one ref and one Feishu upload.
+        The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise). They are read (``load``)
+        only once one of the upload gate's slots is held (UploadsBusy when none frees within
+        ``max_wait``), and uploaded only if the task still takes them: not finished (TaskConflict,
+        also before the read), not at its image cap (EventRejected) — refused images cost no upload. The ref
+        is the content's digest, so the same image uploaded twice is one ref and one Feishu upload.
         """
         task = await self.require(session_id)
-        mime = require_image(data)
+        if task.state.status.is_terminal:  # nothing to read; the cap needs the bytes (a held ref is fine)
+            raise TaskConflict(f"task {session_id} has finished")
         uploads = self.apps.get(task.state.app).images.uploads  # an image key belongs to an app
         assert uploads is not None
-        image_key = await uploads.upload_image(data)
-        ref = UPLOADED_IMAGE_PREFIX + hashlib.sha256(data).hexdigest()[:32]
+        read: list[bytes] = []
+
+        def still_room(data: bytes) -> None:
+            read.append(data)
+            _check_image_room(task.state, _uploaded_ref(data))
+
+        image_key = await uploads.upload_from(load, max_wait=max_wait, check=still_room)
+        data = read[0]
+        ref = _uploaded_ref(data)
         async with task.lock:
             task.state.add_uploaded_image(ref, image_key)
             task.sync_card()
             self.snapshots.mark_dirty(task)
         # Validated: the sniffed MIME type must be one the contract names.
         return ImageUploaded.model_validate(
-            {"image_ref": ref, "image_key": image_key, "mime": mime, "bytes": len(data)}
+            {"image_ref": ref, "image_key": image_key, "mime": require_image(data), "bytes": len(data)}
         )
 
     async def view(self, session_id: int) -> TaskView:

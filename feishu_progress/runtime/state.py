@@ -52,6 +52,12 @@ RETRYABLE = frozenset({TaskStatus.FAILED, TaskStatus.LOST})
 _CLEARED_BY_RUNNING = frozenset({Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.DENIED})
 
 
+def request_digest(request: str | bytes) -> str:
+    """What is kept of a request that came with an Idempotency-Key (its JSON): 32 hex digits."""
+    data = request if isinstance(request, bytes) else request.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 def batch_digest(idempotency_key: str) -> str:
     """What a state keeps of a batch's Idempotency-Key (up to 255 characters): 32 hex digits."""
     return hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()[:32]
@@ -100,6 +106,8 @@ class TaskState:
     events_applied: int = 0  # the last event-log seq of this task whose batch this state carries
     # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
     applied_batches: dict[str, None] = field(default_factory=dict)
+    # ... and the digest of each one's events (``request_digest``): the key reused for others is refused.
+    batch_bodies: dict[str, str] = field(default_factory=dict)
     fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
     card_id: str | None = None  # the CardKit card entity the message shows (None: PATCHed whole)
     app: str = "default"  # the Feishu/Lark app that sent the card and writes it (apps.py)
@@ -267,9 +275,18 @@ class TaskState:
     def set_disliked(self, disliked: bool) -> None:
         self.disliked = disliked
 
-    def remember_batch(self, digest: str) -> None:
-        """A batch with this Idempotency-Key digest was applied (``batch_digest``)."""
+    def remember_batch(self, digest: str, body: str | None = None) -> None:
+        """A batch with this Idempotency-Key digest was applied (``batch_digest``), with these events."""
         _remember(self.applied_batches, digest, MAX_REMEMBERED_BATCHES)
+        if body is not None:
+            self.batch_bodies[digest] = body
+        for forgotten in [key for key in self.batch_bodies if key not in self.applied_batches]:
+            del self.batch_bodies[forgotten]
+
+    def reused_key(self, digest: str, body: str | None) -> bool:
+        """Whether the key of an applied batch came back with other events (not a repeat: a reuse)."""
+        earlier = self.batch_bodies.get(digest)
+        return body is not None and earlier is not None and earlier != body
 
     def answer(self, ask_id: str) -> None:
         """The requester answered ``ask_id``: it leaves the form and is never accepted twice."""
@@ -370,6 +387,7 @@ class TaskState:
             "actions_applied": self.actions_applied,
             "events_applied": self.events_applied,
             "applied_batches": list(self.applied_batches),
+            "batch_bodies": dict(self.batch_bodies),
         }
 
     def to_snapshot(self) -> str:
@@ -414,6 +432,8 @@ class TaskState:
         self.actions_applied = _int(data.get("actions_applied"))
         self.events_applied = _int(data.get("events_applied"))
         self.applied_batches = dict.fromkeys(map(str, data.get("applied_batches") or []))
+        bodies = data.get("batch_bodies") or {}
+        self.batch_bodies = {str(k): str(v) for k, v in bodies.items() if k in self.applied_batches}
 
 
 def dump_snapshot(snapshot: dict[str, Any]) -> str:

@@ -52,6 +52,8 @@ HEARTBEAT_SECONDS = 15.0
 DISCONNECT_CHECK_SECONDS = 1.0
 RECONNECT_MS = 1000
 MAX_CLICK_BODY = 64 * 1024
+# Open event streams at once: a page per developer is a handful; each costs a task, a feed and a socket.
+MAX_STREAMS = 32
 CLICK_TIMEOUT_SECONDS = 10.0
 STATIC_TYPES = {"index.html": "text/html", "preview.css": "text/css", "preview.js": "text/javascript"}
 CSP = (
@@ -286,6 +288,10 @@ class PreviewPage:
         return web.json_response(self.snapshot(self._state()))
 
     async def events(self, request: web.Request) -> web.StreamResponse:
+        if len(self._feeds) >= MAX_STREAMS:  # 1,000 streams were once accepted, each held open
+            return json_error(
+                503, "unavailable", f"{MAX_STREAMS} preview streams are open already; retry", retry_after=5
+            )
         state = self._state()
         feed = MessageFeed()
         self._feeds.add(feed)

@@ -59,10 +59,11 @@ def create_sandbox_app(
     app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}", _card_update)
     app.router.add_patch("/open-apis/cardkit/v1/cards/{card_id}/settings", _card_settings)
     app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content", _card_content)
-    app.router.add_get("/_sandbox/stats", _stats)
-    app.router.add_post("/_sandbox/reset", _reset)
-    app.router.add_get("/_sandbox/messages", _messages)
-    app.router.add_get("/_sandbox/messages/{message_id}", _message)
+    if config.test_endpoints:
+        app.router.add_get("/_sandbox/stats", _stats)
+        app.router.add_post("/_sandbox/reset", _reset)
+        app.router.add_get("/_sandbox/messages", _messages)
+        app.router.add_get("/_sandbox/messages/{message_id}", _message)
     app.on_shutdown.append(_release_hangs)
     return app
 

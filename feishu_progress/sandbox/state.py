@@ -104,6 +104,9 @@ class SandboxConfig:
     max_stream_chars: int = 100_000
     # Added to the wall clock in every answer's Date header: a host whose clock is off (doctor's skew check).
     clock_offset_seconds: float = 0.0
+    # /_sandbox/* (stats, reset, every message's update log): for tests and benchmarks only. The
+    # sandbox a service runs in-process for sandbox mode has none: nothing unauthenticated beside it.
+    test_endpoints: bool = True
 
     def unlimited(self) -> SandboxConfig:
         """The same config with every rate limit lifted (for benchmarks)."""

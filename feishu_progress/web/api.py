@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from feishu_progress.apps import UnknownApp
 from feishu_progress.config import MAX_IMAGE_BYTES
-from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, UnknownTask
+from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, TooManyLive, UnknownTask
+from feishu_progress.images.uploads import UploadsBusy
 from feishu_progress.runtime.creation import FirstCardFailed
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
 from feishu_progress.runtime.service import TaskService
-from feishu_progress.web.http import MAX_ID, HttpError, parse_id, read_file_field, read_json
+from feishu_progress.runtime.state import request_digest
+from feishu_progress.web.http import (
+    MAX_ID,
+    HttpError,
+    parse_id,
+    parse_json,
+    read_body,
+    read_file_field,
+    read_json,
+)
+from feishu_progress.web.load import LARGE_BODY_BYTES, HeavyGate
 
 log = logging.getLogger(__name__)
 
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+TOO_MANY_LIVE_RETRY = 5  # s: live tasks leave memory as their finals are delivered
+UPLOAD_SLOT_WAIT_SECONDS = 2.0  # an upload waits this long for a slot of FP_IMAGES__CONCURRENCY, then 429
 
 
 def _session_id(request: web.Request) -> int:
@@ -36,41 +51,65 @@ def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+    # Printable ASCII only: the key is stored in a column and compared byte for byte; a header that is
+    # not UTF-8 arrives with lone surrogates, which used to fail in the database (a 503).
+    printable = key.isascii() and key.isprintable()
+    if not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not printable:
         raise HttpError(
             422,
             "invalid_request",
-            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_CHARS} characters",
+            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_CHARS} printable ASCII characters",
             field="Idempotency-Key",
         )
     return key
 
 
-async def read_event_batch(request: web.Request) -> tuple[str | None, Any, EventBatch]:
-    """``POST /v1/tasks/{id}/events``: its Idempotency-Key, its JSON body and the batch it validates to.
+@dataclass(frozen=True, slots=True)
+class EventBatchRead:
+    """``POST /v1/tasks/{id}/events`` read once: the key, the body as sent and as JSON, the batch."""
+
+    key: str | None
+    raw: bytes  # as the runtime sent it: forwarded unchanged, so every copy has one digest
+    payload: Any
+    batch: EventBatch
+    digest: str | None  # request_digest of ``raw`` when there is a key (a reused key is refused)
+
+
+async def read_event_batch(request: web.Request) -> EventBatchRead:
+    """Read, parse and validate the batch of ``POST /v1/tasks/{id}/events``, once per request.
 
     A bad key or batch is a 422 naming the field, a body that is not JSON a 400. Kept on the request:
-    the body is read once, and cluster mode may still log a batch its handler could not apply.
+    cluster mode reads it before forwarding and may still log a batch its handler could not apply. A
+    large body yields to the loop between its steps (each is a long stretch: clicks go in between).
     """
     if _READ_BATCH in request:
         return request[_READ_BATCH]
     key = _idempotency_key(request)
-    payload = await read_json(request, limit=MAX_EVENT_BODY)
+    raw = await read_body(request, limit=MAX_EVENT_BODY)
+    large = len(raw) > LARGE_BODY_BYTES
+    payload = parse_json(raw)
+    if large:
+        await asyncio.sleep(0)
     try:
-        request[_READ_BATCH] = read = key, payload, parse_model(EventBatch, payload)
+        batch = parse_model(EventBatch, payload)
     except EventRejected as exc:
         raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
+    if large:
+        await asyncio.sleep(0)
+    digest = None if key is None else request_digest(raw)
+    request[_READ_BATCH] = read = EventBatchRead(key, raw, payload, batch, digest)
     return read
 
 
-_READ_BATCH = web.RequestKey("fp.event_batch", tuple[str | None, Any, EventBatch])
+_READ_BATCH = web.RequestKey("fp.event_batch", EventBatchRead)
 
 
 class RuntimeApi:
     """aiohttp handlers over a TaskService (looked up per request: it exists once the app has started)."""
 
-    def __init__(self, service: Callable[[], TaskService]) -> None:
+    def __init__(self, service: Callable[[], TaskService], gate: HeavyGate | None = None) -> None:
         self._service = service
+        self._gate = gate or HeavyGate()
 
     @property
     def service(self) -> TaskService:
@@ -97,16 +136,21 @@ class RuntimeApi:
             raise HttpError(422, "unknown_app", str(exc), field="app") from None
         except TaskConflict as exc:
             raise HttpError(409, "task_exists", str(exc)) from None
+        except EventRejected as exc:  # the Idempotency-Key came with another request before
+            raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
         except FirstCardFailed as exc:
             raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
+        except TooManyLive as exc:
+            raise HttpError(503, "unavailable", f"{exc}; retry", retry_after=TOO_MANY_LIVE_RETRY) from None
         answer = TaskCreated(session_id=created.session_id, message_id=created.message_id)
         return web.json_response(answer.json_body(), status=201)
 
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
-        key, _, batch = await read_event_batch(request)
+        async with self._gate.admit(request):
+            read = await read_event_batch(request)
         try:
-            applied = await self.service.apply_events(session_id, batch, key)
+            applied = await self.service.apply_events(session_id, read.batch, read.key, read.digest)
         except EventRejected as exc:
             raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
         except UnknownTask:
@@ -143,13 +187,26 @@ class RuntimeApi:
         return web.json_response(ActionsPage(actions=actions, cursor=cursor).json_body())
 
     async def upload_image(self, request: web.Request) -> web.Response:
-        """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP)."""
+        """An image the runtime hands over (multipart field ``image``, ≤ 10 MB, PNG/JPEG/GIF/WEBP).
+
+        The body is read only once an upload slot is held (429 when none frees soon: 150 uploads at
+        once used to be buffered whole before the gate), and uploaded only if the task takes it.
+        """
         session_id = _session_id(request)
-        data = await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
+
+        async def body() -> bytes:
+            return await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
+
         try:
-            uploaded = await self.service.add_image(session_id, data)
+            uploaded = await self.service.add_image_from(session_id, body, max_wait=UPLOAD_SLOT_WAIT_SECONDS)
         except UnknownTask:
             raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        except UploadsBusy:
+            raise HttpError(
+                429, "too_busy", "every image upload slot is taken; retry", retry_after=1
+            ) from None
+        except TaskConflict as exc:
+            raise HttpError(409, "task_finished", str(exc)) from None
         except ImageRefused as exc:
             raise HttpError(
                 422, "invalid_image", f"not an image we can show: {exc.reason}", field="image"

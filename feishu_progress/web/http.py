@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
+from yarl import URL
 
 from feishu_progress.errors import FeishuProgressError
 from feishu_progress.runtime.responses import ErrorBody
@@ -31,6 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
 RETRY_AFTER_SECONDS = 1
+MAX_JSON_DEPTH = 64
 
 
 @asynccontextmanager
@@ -159,6 +161,54 @@ def bearer_auth(
     return middleware
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+_SAME_ORIGIN = frozenset({"same-origin", "none"})  # Sec-Fetch-Site of the page itself, or typed/bookmarked
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header (``[::1]:8000`` → ``::1``), lower case, without a trailing dot."""
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name.lower().rstrip(".")
+
+
+def _cross_site(request: web.Request) -> bool:
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None and fetch_site.lower() not in _SAME_ORIGIN:
+        return True
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return False
+    try:
+        origin_host = URL(origin).host
+    except ValueError:
+        return True
+    return origin_host is None or origin_host.lower() not in LOOPBACK_NAMES
+
+
+def loopback_browser_guard(api_prefix: str) -> Any:
+    """Middleware for a listener with no token (sandbox mode): loopback Host names only, and no
+    cross-site request to ``api_prefix`` or that changes anything.
+
+    Binding 127.0.0.1 does not keep a browser out: a page on another site can rebind its own name to
+    127.0.0.1 (its requests then carry its Host) or post to the port directly (cross-site Origin).
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if host_name(request.host) not in LOOPBACK_NAMES:
+            raise HttpError(403, "forbidden_host", "without FP_API__TOKEN only localhost names are served")
+        guarded = request.path.startswith(api_prefix) or request.method not in _SAFE_METHODS
+        if guarded and _cross_site(request):
+            raise HttpError(403, "cross_site", "cross-site requests are refused without FP_API__TOKEN")
+        return await handler(request)
+
+    return middleware
+
+
 async def read_body(
     request: web.Request,
     *,
@@ -189,17 +239,44 @@ async def read_json(
     request: web.Request, *, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
 ) -> Any:
     """The body parsed as JSON (400 when it is not)."""
-    raw = await read_body(request, limit=limit, timeout=timeout)
+    return parse_json(await read_body(request, limit=limit, timeout=timeout))
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` parsed as JSON (400 when it is not; a lone surrogate escape is not text either; 422
+    when it nests deeper than ``MAX_JSON_DEPTH``)."""
     try:
         parsed = json.loads(raw)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError:
         raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+    # No more brackets than the limit: no walk needed (bytes.count is a fast scan).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_exceeds(parsed, MAX_JSON_DEPTH):
+        raise _too_deep()
     if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(parsed):
         # A lone \ud800 parses, but no column or card can hold it: refused here, not at the first save.
         raise HttpError(
             400, "invalid_json", "the body has a lone surrogate escape (\\ud800-\\udfff): not Unicode text"
         )
     return parsed
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` has arrays/objects nested more than ``limit`` deep (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _too_deep() -> HttpError:
+    # Nothing a runtime sends needs more; deeper values made validation and json.dumps recurse (a 503).
+    return HttpError(422, "too_deep", f"the body nests arrays/objects more than {MAX_JSON_DEPTH} levels deep")
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a fast scan; only such bodies are checked in full
@@ -228,15 +305,34 @@ async def read_file_field(
         raise HttpError(400, "invalid_multipart", "the body is not valid multipart/form-data") from None
 
 
+MULTIPART_OVERHEAD_BYTES = 64 * 1024  # boundaries and part headers around the one file we want
+MAX_MULTIPART_PARTS = 16
+
+
 async def _file_field(request: web.Request, field: str, limit: int) -> bytes:
+    # Every byte of every part counts against the cap, not only the file's: a 'junk' part streamed for
+    # ever used to be read (and parsed) without a bound.
+    budget = limit + MULTIPART_OVERHEAD_BYTES
+    if request.content_length is not None and request.content_length > budget:
+        raise HttpError(413, "body_too_large", f"the body is over {budget} bytes")
     reader = await request.multipart()
+    spent, parts = 0, 0
     while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader) or part.name != field:
-            continue
+        parts += 1
+        if parts > MAX_MULTIPART_PARTS or not isinstance(part, BodyPartReader):
+            raise HttpError(
+                422,
+                "invalid_request",
+                f"send one {field!r} file (no nested forms, at most a few parts)",
+                field=field,
+            )
         data = bytearray()
         while chunk := await part.read_chunk(_READ_CHUNK):
-            data += chunk
-            if len(data) > limit:
+            spent += len(chunk)
+            if spent > budget or (part.name == field and len(data) + len(chunk) > limit):
                 raise HttpError(413, "body_too_large", f"{field!r} is over {limit} bytes")
-        return bytes(data)
+            if part.name == field:
+                data += chunk
+        if part.name == field:
+            return bytes(data)
     raise HttpError(422, "invalid_request", f"no {field!r} file in the form", field=field)

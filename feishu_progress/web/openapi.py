@@ -25,6 +25,7 @@ from pydantic.json_schema import JsonSchemaMode, SkipJsonSchema, models_json_sch
 
 from feishu_progress import __version__
 from feishu_progress.config import MAX_IMAGE_BYTES
+from feishu_progress.errors import REUSED_KEY
 from feishu_progress.feishu.callback import ToastType
 from feishu_progress.runtime.events import (
     APP_NAME_PATTERN,
@@ -291,6 +292,7 @@ def _create_task() -> dict[str, Any]:
             "422": _error(
                 "A field (or the Idempotency-Key) is wrong; `field` names it.",
                 ("missing", "invalid_request", "Field required", {"field": "requester_open_id"}),
+                ("reused_key", "invalid_request", REUSED_KEY, {"field": "Idempotency-Key"}),
                 (
                     "bad_locale",
                     "invalid_request",
@@ -348,6 +350,14 @@ def _post_events() -> dict[str, Any]:
                     "Input tag 'tool_start' found using 'type' does not match any of the expected tags",
                     {"field": "events[0].type"},
                 ),
+                ("too_deep", "too_deep", "the body nests arrays/objects more than 64 levels deep", {}),
+                ("reused_key", "invalid_event", REUSED_KEY, {"field": "Idempotency-Key"}),
+            ),
+            "429": _error(
+                "Too many large bodies (over 256 KiB) in progress: this one waited its turn "
+                "(`FP_HTTP__LARGE_BODY_WAIT_SECONDS`) and was not read. Retry after `Retry-After` s.",
+                ("too_busy", "too_busy", "too many large bodies in progress; retry", {"retry_after": 1}),
+                retry=True,
             ),
             **_shared("Unavailable"),
         },
@@ -443,6 +453,22 @@ def _upload_image() -> dict[str, Any]:
                     {"field": "image"},
                 ),
                 ("too_many", "too_many_images", "a task may hold at most 100 images", {"field": "image"}),
+                (
+                    "too_many_pixels",
+                    "invalid_image",
+                    "not an image we can show: too_many_pixels",
+                    {"field": "image"},
+                ),
+            ),
+            "409": _error(
+                "The task has finished: it takes no more images (nothing was uploaded).",
+                ("task_finished", "task_finished", "task 42 has finished", {}),
+            ),
+            "429": _error(
+                "Every upload slot (`FP_IMAGES__CONCURRENCY`) stayed taken for 2 s: the body was not "
+                "read. Retry after `Retry-After` s.",
+                ("too_busy", "too_busy", "every image upload slot is taken; retry", {"retry_after": 1}),
+                retry=True,
             ),
             **_shared("Unavailable"),
         },

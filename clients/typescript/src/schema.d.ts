@@ -1178,7 +1178,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Feishu did not take the first card, or the database failed: retry (with the same key). */
+            /** @description Feishu did not take the first card, the send budget is busy (the first card would wait past `FP_RATE__CREATE_WAIT_SECONDS`; `retry_after` is when the callers queued now have had their turn), or the database failed: retry after `retry_after` s with the same key (same task). */
             503: {
                 headers: {
                     "Retry-After": components["headers"]["RetryAfter"];
@@ -1268,6 +1268,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Too many large bodies (over 256 KiB) in progress: this one waited its turn (`FP_HTTP__LARGE_BODY_WAIT_SECONDS`) and was not read. Retry after `Retry-After` s. */
+            429: {
+                headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1351,6 +1361,15 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["UnknownTask"];
             408: components["responses"]["BodyTimeout"];
+            /** @description The task has finished: it takes no more images (nothing was uploaded). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The image is over 10 MB. */
             413: {
                 headers: {
@@ -1372,6 +1391,16 @@ export interface operations {
             /** @description No `image` file, not an image, or the task holds too many. */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Every upload slot (`FP_IMAGES__CONCURRENCY`) stayed taken for 2 s: the body was not read. Retry after `Retry-After` s. */
+            429: {
+                headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {

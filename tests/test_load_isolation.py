@@ -1,0 +1,245 @@
+"""Issue 26 items 4, 5 and 7: a flood of large bodies waits its turn instead of starving everything else.
+
+The app runs in-process (SQLite, the in-process sandbox). A large body is held "in progress" by sending
+it slowly over a raw socket: while it holds the one slot, another large batch waits and then gets 429
+with Retry-After, and small batches and clicks go through at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from feishu_progress.app import SERVICES, create_app
+from feishu_progress.config import (
+    MAX_IMAGE_BYTES,
+    AdminSettings,
+    ApiSettings,
+    FeishuSettings,
+    HttpSettings,
+    ImagesSettings,
+    RateSettings,
+    Settings,
+    TaskSettings,
+)
+from feishu_progress.runtime.state import MAX_IMAGE_KEYS
+from feishu_progress.sandbox import preview
+from feishu_progress.sandbox.server import run_sandbox
+from feishu_progress.sandbox.state import SandboxConfig
+
+TOKEN = "load-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TASK = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_1"}
+LARGE = json.dumps({"events": [{"type": "content", "text": "x" * 15_000} for _ in range(30)]}).encode()
+
+
+def _settings(tmp_path: Path, **http: Any) -> Settings:
+    return Settings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'load.db'}",
+        http=HttpSettings(host="127.0.0.1", port=0, **http),
+        admin=AdminSettings(host="127.0.0.1", port=0),
+        api=ApiSettings(token=TOKEN),
+    )
+
+
+async def _slow_large_body(client: TestClient[Any, Any], path: str) -> asyncio.StreamWriter:
+    """Starts a large batch and sends only its first bytes: it holds the large-body slot."""
+    _, writer = await asyncio.open_connection(client.host, client.port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(LARGE)}\r\n\r\n"
+    ).encode()
+    writer.write(head + LARGE[:1000])
+    await writer.drain()
+    return writer
+
+
+async def test_large_batches_wait_their_turn_and_small_ones_do_not(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = _settings(tmp_path, large_body_wait_seconds=0.5)
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    path = f"/v1/tasks/{session_id}/events"
+    holder = await _slow_large_body(client, path)
+    await asyncio.sleep(0.1)  # the server is reading it
+    try:
+        started = time.monotonic()
+        small = await client.post(path, json={"events": [{"type": "content", "text": "小"}]}, headers=AUTH)
+        assert small.status == 202 and time.monotonic() - started < 0.4
+        waited = await client.post(path, data=LARGE, headers=AUTH | {"Content-Type": "application/json"})
+        assert waited.status == 429
+        assert waited.headers["Retry-After"] == "1"
+        assert (await waited.json())["error"] == "too_busy"
+    finally:
+        holder.close()
+    await asyncio.sleep(0.1)  # the abandoned body gives its slot back
+    again = await client.post(path, data=LARGE, headers=AUTH | {"Content-Type": "application/json"})
+    assert again.status == 202
+
+
+# -- item 5: image uploads take their slot before their body, and cost Feishu nothing when refused -------
+
+
+def _png(tag: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + tag.to_bytes(4, "big") + b"\x00" * 64
+
+
+def _form(data: bytes) -> aiohttp.FormData:
+    form = aiohttp.FormData()
+    form.add_field("image", data, filename="x.png", content_type="image/png")
+    return form
+
+
+async def _slow_upload(client: TestClient[Any, Any], path: str) -> asyncio.StreamWriter:
+    """An upload whose body trickles in: it holds an upload slot while it is read."""
+    _, writer = await asyncio.open_connection(client.host, client.port)
+    part = b"--b\r\nContent-Disposition: form-data; name=image; filename=x.png\r\n\r\n" + _png(0)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    writer.write(head + part)
+    await writer.drain()
+    return writer
+
+
+async def test_an_upload_waits_for_a_slot_before_its_body_is_read_then_429(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = _settings(tmp_path).model_copy(update={"images": ImagesSettings(concurrency=1)})
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    path = f"/v1/tasks/{session_id}/images"
+    holder = await _slow_upload(client, path)
+    await asyncio.sleep(0.1)
+    try:
+        busy = await client.post(path, data=_form(_png(1)), headers=AUTH)
+        assert busy.status == 429 and busy.headers["Retry-After"] == "1"
+        assert (await busy.json())["error"] == "too_busy"
+    finally:
+        holder.close()
+    await asyncio.sleep(0.1)
+    assert (await client.post(path, data=_form(_png(2)), headers=AUTH)).status == 201
+
+
+async def test_a_full_or_finished_task_refuses_an_image_before_feishu_sees_it(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    sandbox = client.app[SERVICES].sandbox
+    assert sandbox is not None
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    path = f"/v1/tasks/{session_id}/images"
+    for tag in range(MAX_IMAGE_KEYS):
+        assert (await client.post(path, data=_form(_png(tag)), headers=AUTH)).status == 201
+    uploads = len(sandbox.state.images)
+    full = await client.post(path, data=_form(_png(10_000)), headers=AUTH)
+    assert full.status == 422 and (await full.json())["error"] == "too_many_images"
+    assert (await client.post(path, data=_form(_png(5)), headers=AUTH)).status == 201  # one it holds
+    finished = {"events": [{"type": "finished", "status": "COMPLETED"}]}
+    assert (await client.post(f"/v1/tasks/{session_id}/events", json=finished, headers=AUTH)).status == 202
+    late = await client.post(path, data=_form(_png(20_000)), headers=AUTH)
+    assert late.status == 409
+    assert len(sandbox.state.images) == uploads, "a refused image was uploaded to Feishu"
+
+
+# -- item 7: caps with a clear answer --------------------------------------------------------------------
+
+
+async def test_past_max_live_tasks_a_create_is_a_503_with_retry_after(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = _settings(tmp_path).model_copy(update={"task": TaskSettings(max_live=2)})
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    for _ in range(2):
+        assert (await client.post("/v1/tasks", json=TASK, headers=AUTH)).status == 201
+    refused = await client.post("/v1/tasks", json=TASK, headers=AUTH)
+    assert refused.status == 503 and refused.headers["Retry-After"] == "5"
+    assert "FP_TASK__MAX_LIVE" in (await refused.json())["message"]
+
+
+async def test_parts_besides_the_image_count_against_the_cap(tmp_path: Path, aiohttp_client: Any) -> None:
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    form = aiohttp.FormData()
+    form.add_field(
+        "junk",
+        io.BytesIO(b"j" * (MAX_IMAGE_BYTES + 100_000)),  # the image alone is within its cap
+        filename="j.bin",
+        content_type="application/octet-stream",
+    )
+    form.add_field("image", _png(1), filename="x.png", content_type="image/png")
+    answer = await client.post(f"/v1/tasks/{session_id}/images", data=form, headers=AUTH)
+    assert answer.status == 413
+    many = aiohttp.FormData()
+    for index in range(20):
+        many.add_field(f"p{index}", "x")
+    many.add_field("image", _png(2), filename="x.png", content_type="image/png")
+    assert (await client.post(f"/v1/tasks/{session_id}/images", data=many, headers=AUTH)).status == 422
+
+
+async def test_preview_streams_past_the_cap_are_refused(
+    tmp_path: Path, aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preview, "MAX_STREAMS", 2)
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(_settings(tmp_path), registry=CollectorRegistry())
+    )
+    open_streams = [await client.get("/sandbox/api/events", headers=AUTH) for _ in range(2)]
+    try:
+        assert [stream.status for stream in open_streams] == [200, 200]
+        refused = await client.get("/sandbox/api/events", headers=AUTH)
+        assert refused.status == 503 and "Retry-After" in refused.headers
+    finally:
+        for stream in open_streams:
+            stream.close()
+
+
+async def test_uploads_are_charged_to_the_upload_apis_budget(tmp_path: Path, aiohttp_client: Any) -> None:
+    config = SandboxConfig(app_id="cli_img", app_secret="img-secret", app_per_second=5)
+    async with run_sandbox(config) as sandbox:
+        limited: list[float] = []
+        refuse = sandbox.state.gateway_limited
+
+        def counted(seconds: float) -> Any:
+            limited.append(seconds)
+            return refuse(seconds)
+
+        sandbox.state.gateway_limited = counted  # type: ignore[method-assign,assignment]
+        settings = _settings(tmp_path).model_copy(
+            update={
+                "feishu": FeishuSettings(
+                    base_url=sandbox.base_url,
+                    app_id="cli_img",
+                    app_secret="img-secret",
+                    verification_token="v",
+                ),
+                "rate": RateSettings(app_per_second=5),
+                "images": ImagesSettings(concurrency=8),
+            }
+        )
+        client: TestClient[Any, Any] = await aiohttp_client(
+            create_app(settings, registry=CollectorRegistry())
+        )
+        session_id = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+        path = f"/v1/tasks/{session_id}/images"
+        answers = await asyncio.gather(
+            *(client.post(path, data=_form(_png(100 + tag)), headers=AUTH) for tag in range(12))
+        )
+        assert [answer.status for answer in answers] == [201] * 12
+        assert limited == [], "an upload went past the app's image budget and drew a 429"
+        await client.close()
