@@ -183,7 +183,15 @@ def create_app(
     if settings.sandbox_mode or sandbox is not None:
         _mount_preview(app, services, sandbox)
     app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_end_long_polls)
     return app
+
+
+async def _end_long_polls(app: web.Application) -> None:
+    """Before aiohttp waits for the requests in flight: the actions long-polls answer at once."""
+    service = app[SERVICES].service
+    if service is not None:
+        service.action_log.stop_waiting()
 
 
 def _middlewares(services: Services) -> list[Middleware]:

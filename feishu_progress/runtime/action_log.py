@@ -39,6 +39,7 @@ class ActionLog:
             self._append, background, name="actions"
         )
         self._waiters: dict[int, asyncio.Event] = {}  # one per session with a long-poll waiting
+        self._stopping = False
         self._polls: dict[int, int] = {}
         # Cluster mode: tells the other instances (their long-polls, the card's owner) about a new action.
         self.recorded: Callable[[int], None] | None = None
@@ -79,6 +80,13 @@ class ActionLog:
         if waiter is not None:
             waiter.set()
 
+    def stop_waiting(self) -> None:
+        """Shutdown: every long-poll answers now with what it has (the runtime polls again elsewhere or
+        after the restart); a server waiting for them would hold its stop for up to a whole poll."""
+        self._stopping = True
+        for waiter in self._waiters.values():
+            waiter.set()
+
     async def wait(self, session_id: int, after: int, wait: float) -> tuple[list[UserAction], int]:
         """Actions after the cursor ``after``; waits up to ``wait`` seconds for the first one."""
         deadline = self._clock.monotonic() + wait
@@ -89,7 +97,7 @@ class ActionLog:
                 waiter.clear()
                 records = await self._repo.list_after(session_id, after, MAX_ACTIONS_PER_ANSWER)
                 remaining = deadline - self._clock.monotonic()
-                if records or remaining <= 0:
+                if records or remaining <= 0 or self._stopping:
                     break
                 step = remaining if self.poll_interval is None else min(remaining, self.poll_interval)
                 await event_or_timeout(waiter, self._clock, step)
