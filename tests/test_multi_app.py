@@ -207,7 +207,8 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
     metrics = client.server.app[SERVICES].metrics
     assert metrics.value("fp_patches_total", {"app": "research", "outcome": "backoff"}) > 0
     assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "backoff"}) == 0
-    assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "delivered"}) >= 6
+    # At least each final (content and final may go out as one write: newest state wins).
+    assert metrics.value("fp_patches_total", {"app": "sales", "outcome": "delivered"}) >= 3
     assert metrics.value("fp_breaker_open", {"app": "research"}) == 1
     assert metrics.value("fp_breaker_open", {"app": "sales"}) == 0
     sandboxes["research"].state.faults.clear()
