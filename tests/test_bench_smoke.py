@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.conftest import fresh_mysql_database
 
+pytestmark = pytest.mark.slow  # runs every benchmark with tiny sizes, in subprocesses
+
 
 def _bench(name: str) -> Any:
     import importlib

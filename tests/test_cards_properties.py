@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,8 @@ from feishu_progress.domain import (
     ToolCall,
 )
 from tests.test_cards_builder import OUR_TAGS, foreign_tags, rendered_texts, tagged
+
+pytestmark = pytest.mark.slow  # hypothesis over every card model: ~80 s of the inner loop
 
 ATTACKS = [
     "<at id=all></at>",

@@ -17,6 +17,8 @@ from feishu_progress.smoke import SmokeOptions, run_smoke
 from feishu_progress.web.http import serving
 from tests.test_doctor import APP_ID, APP_SECRET, _settings
 
+pytestmark = pytest.mark.slow  # a serve subprocess per test
+
 CHAT, REQUESTER = "oc_smoke", "ou_operator"
 
 
