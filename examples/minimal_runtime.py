@@ -34,12 +34,13 @@ import struct
 import sys
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from feishu_progress.adapters.sandbox_user import first_choices
 from feishu_progress.client import EventStream, FeishuProgressClient
 from feishu_progress.runtime.responses import AnswersAction, CancelAction
 
@@ -113,33 +114,6 @@ async def work(fp: FeishuProgressClient, session_id: int) -> None:
         await stream_text(events, "The tests pass. One question before I write the report.")
 
 
-def _walk(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _walk(item)
-
-
-def first_choices(card: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a user would submit on the card's form: each select's first option, and the submit button."""
-    form: dict[str, Any] = {}
-    submit: dict[str, Any] | None = None
-    for element in _walk(card):
-        options = element.get("options")
-        if element.get("tag") == "select_static" and options:
-            form[element["name"]] = options[0]["value"]
-        elif element.get("tag") == "multi_select_static" and options:
-            form[element["name"]] = [options[0]["value"]]
-        elif element.get("tag") == "button" and element.get("form_action_type") == "submit":
-            submit = {"value": element["behaviors"][0]["value"], "button_name": element.get("name")}
-    if submit is None:
-        raise RuntimeError("the card shows no form to answer")
-    return form, submit
-
-
 @dataclass
 class Runtime:
     """The runtime's connection to the service, and how it gets its answers."""
@@ -163,7 +137,10 @@ class Runtime:
     async def auto_answer(self, session_id: int) -> None:
         """Answer the card's question through the sandbox preview, as the task's requester."""
         view = await self.fp.get_task(session_id)
-        form, submit = first_choices(view.card)
+        choices = first_choices(view.card)  # the same user the agent adapters' examples click as
+        if choices is None:
+            raise RuntimeError("the card shows no form to answer")
+        form, submit = choices
         click = {"message_id": view.message_id, "form_value": form, **submit}
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         async with (
