@@ -618,3 +618,49 @@ async def test_the_local_share_follows_the_number_of_live_instances() -> None:
         assert await immediate_grants() == 25
     finally:
         await budget.aclose()
+
+
+async def test_a_share_resized_during_an_outage_still_counts_the_calls_it_granted() -> None:
+    """A peer's lease runs out while Redis is down: the others' shares grow, but what each already
+    granted in this second still counts (a fresh share let a second window's worth through: 429)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clock = FakeClock()
+    instances = [3]
+    budget = SharedBudget.from_url(
+        f"redis://127.0.0.1:{port}/0",
+        app_id="cli_resize",
+        rate=RateSettings(app_per_second=30, app_per_minute=1800),
+        clock=clock,
+        timeout=0.1,
+        live_instances=lambda: instances[0],
+    )
+
+    async def grant_times(api: OpenApi, until: float) -> list[float]:
+        """Take every grant as soon as it is allowed, settling each at once, until ``until``."""
+        times: list[float] = []
+        while clock.monotonic() < until:
+            attempt = await budget.try_acquire(api)
+            if attempt.grant is None:
+                await clock.advance(max(attempt.wait, 0.001))
+                continue
+            times.append(clock.monotonic())
+            budget.settle(attempt.grant)
+        return times
+
+    try:
+        await budget.try_acquire(OpenApi.CARD_CONTENT)  # Redis is out of reach: the local share from now
+        await clock.advance(QUIET_SECONDS)
+        start = clock.monotonic()
+        before = []
+        while (grant := (await budget.try_acquire(OpenApi.CARD_CONTENT)).grant) is not None:
+            before.append(clock.monotonic())
+            budget.settle(grant)
+        assert len(before) == 10  # 30 / 3, at once
+        instances[0] = 2  # the paused peer's lease ran out
+        after = await grant_times(OpenApi.CARD_CONTENT, start + 3.0)
+        assert after, "the bigger share is spent once the old calls have left the window"
+        assert most_in_any_window(before + after, 1.0) <= 15  # 30 / 2, never more in any second
+    finally:
+        await budget.aclose()

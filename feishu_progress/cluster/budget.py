@@ -122,7 +122,13 @@ def connect(url: str, timeout: float) -> aioredis.Redis:
 
 
 class _LocalShares:
-    """One ``AppBudget`` per API at the budget ÷ live instances, rebuilt when that number changes."""
+    """One ``AppBudget`` per API at the budget ÷ live instances, resized when that number changes.
+
+    Resized in place, never replaced: the share holds the calls this instance made in the last window
+    (and the grants still out settle into it). A fresh share would start empty, so when a paused or
+    dead peer's lease expired during an outage, each instance could spend a whole window of its new
+    share on top of what the gateway had just counted from its old one.
+    """
 
     def __init__(
         self, rate: RateSettings, tuning: SharedBudgetTuning, live_instances: Callable[[], int]
@@ -146,9 +152,12 @@ class _LocalShares:
         known = self._shares.get(api)
         if known is not None and known[0] == instances:
             return known[1]
-        share = AppBudget(self._tuning.local_share(self._rate.for_api(api.value), instances), now)
-        if known is not None:
-            share.pause_until(known[1].paused_until)  # a pause outlives a change of the share
+        rate = self._tuning.local_share(self._rate.for_api(api.value), instances)
+        if known is None:
+            share = AppBudget(rate, now)
+        else:
+            share = known[1]
+            share.resize(rate, now)  # its counted calls and its pause stay
         self._shares[api] = (instances, share)
         return share
 

@@ -89,18 +89,36 @@ class TokenBucket:
         self._refill(now)
         self._tokens -= 1.0
 
+    def resize(self, capacity: float, rate: float, now: float) -> None:
+        """New capacity and rate from ``now`` on; the tokens already spent stay spent (a full bucket
+        stays full)."""
+        self._refill(now)
+        self._tokens = min(self._tokens + max(0.0, capacity - self.capacity), capacity)
+        self.capacity, self.rate = capacity, rate
+
 
 class AppBudget:
     """The budget shared by every card of the app; ``pause_until`` stops it all after a gateway limit."""
 
     def __init__(self, rate: RateSettings, now: float) -> None:
-        per_second = max(1, math.floor(rate.app_per_second))
-        per_minute = max(1, math.floor(rate.app_per_minute))
+        per_second, per_minute = _whole_limits(rate)
         self._second = SlidingWindow(per_second, 1.0)
         self._minute = SlidingWindow(per_minute, 60.0)
         self._spread = TokenBucket(capacity=per_second, rate=per_minute / 60.0, now=now)
         self._paused_until = -math.inf
         self.rate = min(float(per_second), per_minute / 60.0)  # calls per second it sustains
+
+    def resize(self, rate: RateSettings, now: float) -> None:
+        """Spend at ``rate``'s limits from ``now`` on, still counting every call already counted.
+
+        For a budget whose limits change while calls are counted in it (the cluster's local share,
+        when the number of live instances changes): a new budget would start empty and let a second
+        window's worth through on top of the calls the gateway still counts.
+        """
+        per_second, per_minute = _whole_limits(rate)
+        self._second.limit, self._minute.limit = per_second, per_minute
+        self._spread.resize(capacity=per_second, rate=per_minute / 60.0, now=now)
+        self.rate = min(float(per_second), per_minute / 60.0)
 
     @property
     def paused_until(self) -> float:
@@ -138,6 +156,11 @@ class AppBudget:
     def pause_until(self, until: float) -> None:
         """Stop spending until ``until`` (never shortens a longer pause)."""
         self._paused_until = max(self._paused_until, until)
+
+
+def _whole_limits(rate: RateSettings) -> tuple[int, int]:
+    """The per-second and per-minute limits as whole calls (at least one each)."""
+    return max(1, math.floor(rate.app_per_second)), max(1, math.floor(rate.app_per_minute))
 
 
 class BudgetTable:
