@@ -664,3 +664,16 @@ async def test_a_share_resized_during_an_outage_still_counts_the_calls_it_grante
         assert most_in_any_window(before + after, 1.0) <= 15  # 30 / 2, never more in any second
     finally:
         await budget.aclose()
+
+
+@pytest.mark.parametrize(("per_second", "per_minute"), [(10, 400), (50, 1000)])
+def test_cardkit_calls_made_after_other_calls_of_their_write_have_room_for_250_ms(
+    per_second: float, per_minute: float
+) -> None:
+    """A CardKit write takes all its grants, then calls settings, card and text one after another."""
+    rate = RateSettings(app_per_second=per_second, app_per_minute=per_minute)
+    late = SharedBudgetTuning().windows(rate, late_calls=True)
+    assert late.short.most_grants_within(1.25) <= per_second
+    assert late.long.most_grants_within(60.25) <= per_minute
+    first = SharedBudgetTuning().windows(rate)  # a PATCH or a send arrives within 50 ms: more room
+    assert first.short.rate > late.short.rate

@@ -51,7 +51,13 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from feishu_progress.cluster import scripts
-from feishu_progress.cluster.limits import BudgetWindows, GcraWindow, OpenApi, SharedBudgetTuning
+from feishu_progress.cluster.limits import (
+    LATE_CALL_APIS,
+    BudgetWindows,
+    GcraWindow,
+    OpenApi,
+    SharedBudgetTuning,
+)
 from feishu_progress.config import RateSettings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
@@ -187,7 +193,10 @@ class SharedBudget:
         self._clock = clock
         self._tuning = tuning if tuning is not None else SharedBudgetTuning()
         # Each API's own windows, from the one budget table (FP_RATE__API__*, capped by FP_RATE__APP_PER_*).
-        self._windows = {api: self._tuning.windows(rate.for_api(api.value)) for api in OpenApi}
+        self._windows = {
+            api: self._tuning.windows(rate.for_api(api.value), late_calls=api in LATE_CALL_APIS)
+            for api in OpenApi
+        }
         self._local = _LocalShares(rate, self._tuning, live_instances)
         self._metrics = metrics if metrics is not None else Metrics()
         self._timeout = timeout

@@ -48,6 +48,9 @@ _MIN_SLEEP = 0.001
 _ADMIT_POLL = 0.05
 # A card whose send the gate refused (no lease right now) is looked at again this much later.
 NOT_NOW_SECONDS = 0.5
+# A flight's grants are taken together: one older than this when the last arrives is taken again.
+GRANT_FRESH_SECONDS = 0.05
+GATE_ROUNDS = 4  # a flight of several APIs retakes stale grants at most this often, then goes
 PATCH = "patch"  # the budget (and the cluster budget's API) of message PATCHes
 _PATCH_CHOICES = WriteChoices(((PATCH,),))  # a PATCHed card's every write
 
@@ -671,19 +674,34 @@ class DeliveryScheduler:
                 self._leave_gate(grant)
 
     async def _enter_gate(self, slot: _Slot) -> list[object] | None:
-        """One grant of the gate per API the flight holds (None: not now; nothing is kept then)."""
-        grants: list[object] = []
+        """One grant of the gate per API the flight holds (None: not now; nothing is kept then).
+
+        A shared budget counts a grant as reaching Feishu within ``GRANT_FRESH_SECONDS``. When a later
+        API of the flight made it wait longer than that, the earlier grants are stale (their request would
+        arrive late, where the windows no longer hold room for it): they are taken again, which costs
+        budget but never lets a request arrive outside its window.
+        """
         if self.gate is None:
-            return grants
+            return []
         urgent = slot.flight_urgent or slot.card.is_terminal
-        for api in slot.flight_apis:
-            grant = await self.gate.enter(api, urgent=urgent)
-            if grant is None:
-                for held in grants:
-                    self.gate.leave(held)
-                return None
-            grants.append(grant)
-        return grants
+        held: dict[str, tuple[object, float]] = {}
+        for round_ in range(GATE_ROUNDS):
+            for api in slot.flight_apis:
+                if api in held:
+                    continue
+                grant = await self.gate.enter(api, urgent=urgent)
+                if grant is None:
+                    for stale, _at in held.values():
+                        self.gate.leave(stale)
+                    return None
+                held[api] = (grant, self._clock.monotonic())
+            now = self._clock.monotonic()
+            stale_apis = [api for api, (_, at) in held.items() if now - at > GRANT_FRESH_SECONDS]
+            if not stale_apis or round_ == GATE_ROUNDS - 1:
+                break
+            for api in stale_apis:
+                self.gate.leave(held.pop(api)[0])
+        return [grant for grant, _ in held.values()]
 
     def _leave_gate(self, grant: object) -> None:
         if self.gate is not None:
