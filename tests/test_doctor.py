@@ -277,3 +277,26 @@ def test_serve_refuses_an_unmigrated_mysql_in_one_line(empty_mysql_url: str, tmp
     _refuse_unready_database(
         Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
     )  # migrates itself
+
+
+async def test_every_app_of_an_apps_file_is_checked_and_a_bad_file_is_a_finding(
+    sandbox: RunningSandbox, tmp_path: Path
+) -> None:
+    apps = tmp_path / "apps.toml"
+    apps.write_text(
+        f'[apps.research]\napp_id = "{APP_ID}"\napp_secret_env = "RESEARCH_SECRET"\n'
+        f'verification_token_env = "RESEARCH_VTOKEN"\nencrypt_key_env = "RESEARCH_KEY"\n'
+        f'domain = "{sandbox.base_url}"\n'
+    )
+    env = {"RESEARCH_SECRET": APP_SECRET, "RESEARCH_VTOKEN": VTOKEN, "RESEARCH_KEY": "another-key"}
+    # FP_FEISHU__* left empty: the file's apps are the deployment's (and no sandbox is used).
+    settings = _settings(sandbox, tmp_path, apps_file=str(apps)).model_copy(
+        update={"feishu": FeishuSettings()}
+    )
+    named = _by_name(await run_doctor(settings, env))
+    assert "config.apps_file" not in named and "feishu" not in named
+    assert named["feishu.research.token"].status is Status.OK, render_text(list(named.values()))
+    assert named["feishu.research.scope.im:resource"].status is Status.OK
+    missing = _by_name(await run_doctor(settings, {}))  # its secret's variable is not set
+    assert missing["config.apps_file"].status is Status.FAIL
+    assert "RESEARCH_SECRET" in missing["config.apps_file"].detail

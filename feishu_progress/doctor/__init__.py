@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from feishu_progress.config import FeishuSettings, Settings
+from feishu_progress.apps_file import app_specs
+from feishu_progress.config import DEFAULT_APP, FeishuSettings, Settings
 from feishu_progress.doctor.callbacks import callback_checks
-from feishu_progress.doctor.checks import Check, Status, exit_code, render_json, render_text, warn
+from feishu_progress.doctor.checks import Check, Status, exit_code, fail, render_json, render_text, warn
 from feishu_progress.doctor.feishu_app import check_app
 from feishu_progress.doctor.local import config_checks, database_checks, lease_checks, redis_checks
+from feishu_progress.errors import ConfigError
 
 
-def feishu_apps(settings: Settings) -> list[tuple[str, FeishuSettings]]:
-    """The apps to check, each with the label its checks carry (one app today; an apps file may add more)."""
-    return [("feishu", settings.feishu)]
+def feishu_apps(settings: Settings, environ: Mapping[str, str]) -> list[tuple[str, FeishuSettings]]:
+    """The apps to check, each with the label its checks carry: ``feishu`` for the default app (FP_FEISHU__*),
+    ``feishu.<name>`` for each other app of FP_APPS_FILE (ConfigError for a bad file)."""
+    return [
+        ("feishu" if spec.name == DEFAULT_APP else f"feishu.{spec.name}", spec.feishu)
+        for spec in app_specs(settings, environ)
+    ]
 
 
 async def run_doctor(settings: Settings, environ: Mapping[str, str]) -> list[Check]:
@@ -29,7 +35,7 @@ async def run_doctor(settings: Settings, environ: Mapping[str, str]) -> list[Che
     checks += await redis_checks(settings)
     if not any(check.name == "database.reachable" and check.status is Status.FAIL for check in checks):
         checks += await lease_checks(settings)
-    if settings.feishu.sandbox:
+    if settings.sandbox_mode:
         checks.append(
             warn(
                 "feishu",
@@ -39,7 +45,11 @@ async def run_doctor(settings: Settings, environ: Mapping[str, str]) -> list[Che
             )
         )
         return checks
-    for label, app in feishu_apps(settings):
+    try:
+        apps = feishu_apps(settings, environ)
+    except ConfigError as exc:
+        return [*checks, fail("config.apps_file", str(exc), "fix FP_APPS_FILE as the message says")]
+    for label, app in apps:
         checks += await check_app(
             app,
             label=label,
