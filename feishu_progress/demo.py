@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.cards.plaintext import card_as_text
 from feishu_progress.cards.validate import card_bytes, element_count
 from feishu_progress.client import FeishuProgressClient
@@ -118,14 +118,16 @@ class DemoRun:
         sandbox: RunningSandbox,
         out: Print,
         *,
-        services: Services | None = None,
+        services: Services,
+        admin_url: str,
     ) -> None:
         self.fp = fp  # the runtime's side
         self.http = http  # Feishu's side: the clicks
         self.base_url = base_url
         self.sandbox = sandbox
         self.out = out
-        self.services = services  # the service's own side (admin URL, live cards)
+        self.services = services  # the service's own side (live cards, metrics)
+        self.admin_url = admin_url
         self.session_id = 0
         self.message_id = ""
         self.events_sent = 0
@@ -134,7 +136,15 @@ class DemoRun:
 
     def another(self) -> DemoRun:
         """Moves for one more task on the same service and connections."""
-        return DemoRun(self.fp, self.http, self.base_url, self.sandbox, self.out, services=self.services)
+        return DemoRun(
+            self.fp,
+            self.http,
+            self.base_url,
+            self.sandbox,
+            self.out,
+            services=self.services,
+            admin_url=self.admin_url,
+        )
 
     async def create_task(self, title: str) -> None:
         created = await self.fp.create_task(
@@ -437,9 +447,8 @@ async def run_demo(out: Print = print, *, hold: Hold | None = None) -> DemoResul
             if hold is not None:  # first: the page shows the card while the script plays
                 out(f"sandbox preview (live cards, clickable): {page}")
             await _script(run, image_path)
-            admin_url = run.services.admin_url if run.services is not None else None
             result = _result(
-                run, run.sandbox, await _metrics_lines(run.http, admin_url), time.monotonic() - started
+                run, run.sandbox, await _metrics_lines(run.http, run.admin_url), time.monotonic() - started
             )
             if hold is not None:
                 await hold(result, page)
@@ -466,7 +475,7 @@ async def demo_service(
             FeishuProgressClient(base_url, API_TOKEN) as fp,
             aiohttp.ClientSession() as http,
         ):
-            yield DemoRun(fp, http, base_url, running, out, services=app[SERVICES])
+            yield DemoRun(fp, http, base_url, running, out, services=app[SERVICES], admin_url=app[ADMIN_URL])
 
 
 def _result(run: DemoRun, sandbox: RunningSandbox, metrics: list[str], seconds: float) -> DemoResult:
@@ -486,9 +495,7 @@ def _result(run: DemoRun, sandbox: RunningSandbox, metrics: list[str], seconds: 
     )
 
 
-async def _metrics_lines(http: aiohttp.ClientSession, admin_url: str | None) -> list[str]:
-    if admin_url is None:
-        return []
+async def _metrics_lines(http: aiohttp.ClientSession, admin_url: str) -> list[str]:
     async with http.get(f"{admin_url}/metrics") as response:
         text = await response.text()
     wanted = (

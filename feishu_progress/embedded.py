@@ -40,7 +40,7 @@ class EmbeddedService:
 
     @property
     def _service(self) -> TaskService:
-        return self.services.require_service()
+        return self.services.service
 
     async def __aenter__(self) -> Self:
         await self._runner.setup()  # runs the app's startup: database, Feishu client, scheduler...

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from feishu_progress.apps import AppContext
+from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import migration_state
 from feishu_progress.services import Services
 from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminDeps, ReadinessCheck
+
+if TYPE_CHECKING:
+    from feishu_progress.feishu.ws import LongConnection
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +32,14 @@ def admin_deps(services: Services) -> AdminDeps:
         "feishu_token": lambda: _feishu_token(services),
         "scheduler": lambda: _scheduler(services),
     }
-    if services.settings.subagents.attached:
-        checks["subagents_database"] = lambda: _agent_database(services)
-    if any(spec.feishu.mode == "ws" for spec in services.app_specs):
-        checks["long_connection"] = lambda: _long_connection(services)
+    agent_db, connection = services.agent_db, services.long_connection
+    if agent_db is not None:  # attach mode
+        checks["subagents_database"] = lambda: _agent_database(agent_db)
+    if connection is not None:  # an app in ws mode
+        checks["long_connection"] = lambda: _long_connection(connection)
+    checks |= services.topology.readiness()  # single: the database holder; cluster: the lease
     degradations = {"feishu": lambda: _feishu_outage(services), "cardkit": lambda: _cardkit(services)}
-    if services.settings.redis_url is not None:
-        checks["lease"] = lambda: _lease(services)
-        degradations["redis"] = lambda: _redis(services)
-    else:
-        checks["database_holder"] = lambda: _holder(services)
+    degradations |= services.topology.degradations()  # cluster: Redis
     return AdminDeps(
         registry=services.metrics.registry,
         checks={name: _recorded(services, name, check) for name, check in checks.items()},
@@ -75,26 +78,6 @@ async def watch_readiness(checks: Mapping[str, ReadinessCheck], stopper: Stopper
             return
 
 
-async def _holder(services: Services) -> str | None:
-    """Single mode: a process whose database was taken over by another must not look ready."""
-    return None if services.holder is None else services.holder.lost
-
-
-async def _lease(services: Services) -> str | None:
-    """Cluster mode: an instance without a live lease writes no card (its peers take them over)."""
-    cluster = services.cluster
-    if cluster is None:
-        return "cluster mode not started"
-    return None if cluster.lease.can_write() else "instance lease lapsed: not writing cards until renewed"
-
-
-def _redis(services: Services) -> str | None:
-    # "unreachable" and no more: /readyz is open to whoever reaches the admin port, and the driver's
-    # error names Redis's host and port (the log keeps the details for the operator).
-    problem = None if services.cluster is None else services.cluster.redis_problem()
-    return None if problem is None else "unreachable"
-
-
 def _per_app(problems: dict[str, str | None]) -> str | None:
     """One app: its problem as it was; several: each app's named (``research: ...; sales: ...``)."""
     found = {name: problem for name, problem in problems.items() if problem}
@@ -107,15 +90,11 @@ def _per_app(problems: dict[str, str | None]) -> str | None:
 
 def _cardkit(services: Services) -> str | None:
     """Streaming is degraded to whole-card PATCHes while an app lacks the CardKit scope (per app)."""
-    if services.service is None or services.apps is None:
-        return None
     creator = services.service.creator
     return _per_app({app.name: creator.cardkit_problem(app) for app in services.apps})
 
 
 def _feishu_outage(services: Services) -> str | None:
-    if services.apps is None:
-        return None
     return _per_app({app.name: _outage(services, app) for app in services.apps})
 
 
@@ -132,18 +111,16 @@ def _outage(services: Services, app: AppContext) -> str | None:
 
 async def app_entries(services: Services) -> dict[str, object]:
     """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope and breaker."""
-    if services.apps is None:
-        return {}
     apps = list(services.apps)
     tokens = await asyncio.gather(*(_token_problem(app) for app in apps), return_exceptions=True)
-    creator = None if services.service is None else services.service.creator
+    creator = services.service.creator
     return {
         app.name: {
             "mode": app.feishu.mode,
             # Which platform, never the address: a proxy's URL is where an attacker would aim.
             "platform": _platform(app.feishu.base_url),
             "token": "ok" if token is None else (token if isinstance(token, str) else type(token).__name__),
-            "cardkit": None if creator is None else creator.cardkit_problem(app),
+            "cardkit": creator.cardkit_problem(app),
             "outage": _outage(services, app),
         }
         for app, token in zip(apps, tokens, strict=True)
@@ -156,7 +133,6 @@ async def _token_problem(app: AppContext) -> str | None:
 
 
 async def _database(services: Services) -> str | None:
-    assert services.db is not None
     await asyncio.wait_for(services.db.ping(), DATABASE_PING_SECONDS)
     current, head = await asyncio.wait_for(
         migration_state(services.settings.database_url), MIGRATION_CHECK_SECONDS
@@ -166,24 +142,19 @@ async def _database(services: Services) -> str | None:
     )
 
 
-async def _agent_database(services: Services) -> str | None:
+async def _agent_database(agent_db: Database) -> str | None:
     """Attach mode: the agent's database answers (a failure only hides the subagent section)."""
-    if services.agent_db is None:
-        return "agent database not opened"
-    await asyncio.wait_for(services.agent_db.ping(), DATABASE_PING_SECONDS)
+    await asyncio.wait_for(agent_db.ping(), DATABASE_PING_SECONDS)
     return None
 
 
 async def _feishu_token(services: Services) -> str | None:
-    assert services.apps is not None
     apps = list(services.apps)
     problems = await asyncio.gather(*(_token_problem(app) for app in apps))
     return _per_app(dict(zip([app.name for app in apps], problems, strict=True)))
 
 
 async def _scheduler(services: Services) -> str | None:
-    if services.apps is None:
-        return "delivery scheduler not running"
     stopped = [app.name for app in services.apps if not app.scheduler.running]
     if not stopped:
         return None
@@ -192,17 +163,13 @@ async def _scheduler(services: Services) -> str | None:
     )
 
 
-async def _long_connection(services: Services) -> str | None:
-    if services.long_connection is None:
-        return "long-connection receiver not started"
-    return services.long_connection.problem()
+async def _long_connection(connection: LongConnection) -> str | None:
+    return connection.problem()
 
 
 def live_cards(services: Services) -> list[dict[str, object]]:
     """``/admin/cards``: every task held in memory."""
     service = services.service
-    if service is None:
-        return []
     now = services.clock.wall()
     return [
         {

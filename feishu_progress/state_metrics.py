@@ -4,14 +4,15 @@ What the dashboard (deploy/grafana) and the alert rules (deploy/prometheus) need
 rooms update as they work: how long the oldest final card state has waited, how much of each Open API's
 per-minute budget is held, and in cluster mode the lease (seconds left, times lost) and the live
 instances; in single mode whether another process took this database over. Collecting only reads
-attributes (no I/O, no await): a scrape never waits on the database or Feishu.
+attributes (no I/O, no await): a scrape never waits on the database or Feishu. Registered while the app
+runs (``app.py``); the mode's own gauges come from its topology.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from feishu_progress.config import ApiLimits
@@ -27,20 +28,11 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._delivery()
-        if self._services.cluster is not None:
-            yield from self._cluster()
-        if self._services.holder is not None:
-            yield GaugeMetricFamily(
-                "fp_database_holder_lost",
-                "Single mode: 1 once another process took this database over (this one should stop).",
-                value=1 if self._services.holder.lost else 0,
-            )
+        yield from self._services.topology.collect()  # cluster: the lease; single: the database holder
 
     def _delivery(self) -> Iterator[Metric]:
         services = self._services
         scheduler, service = services.scheduler, services.service
-        if scheduler is None or service is None:
-            return
         now = services.clock.monotonic()
         pending = set(scheduler.pending_message_ids())
         waiting = [
@@ -58,27 +50,7 @@ class StateCollector(Collector):
             "Share of this instance's per-minute budget held now, per app and Open API (1 = exhausted).",
             labels=["app", "api"],
         )
-        for app in services.apps or ():
+        for app in services.apps:
             for api in ApiLimits.model_fields:
                 use.add_metric([app.name, api], app.scheduler.budget_of(api).minute_use(now))
         yield use
-
-    def _cluster(self) -> Iterator[Metric]:
-        cluster = self._services.cluster
-        assert cluster is not None
-        lease = cluster.lease
-        yield GaugeMetricFamily(
-            "fp_cluster_live_instances",
-            "Instances with a live lease at this instance's last heartbeat (itself included).",
-            value=lease.live_instances(),
-        )
-        yield GaugeMetricFamily(
-            "fp_cluster_lease_seconds_left",
-            "Seconds before this instance stops starting writes unless its lease is renewed (0: lapsed).",
-            value=max(0.0, lease.seconds_left),
-        )
-        yield CounterMetricFamily(
-            "fp_cluster_lease_lost",
-            "Times this instance found its lease had lapsed (paused or cut off) and dropped its cards.",
-            value=lease.lost,
-        )

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -255,7 +255,7 @@ async def test_the_bare_address_is_404_in_front_of_feishu(client: TestClient[Any
 
 
 async def test_admin_endpoints(client: TestClient[Any, Any]) -> None:
-    admin_url = client.app[SERVICES].admin_url
+    admin_url = client.app[ADMIN_URL]
     await _create(client)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{admin_url}/healthz") as response:
@@ -277,7 +277,7 @@ async def test_admin_endpoints(client: TestClient[Any, Any]) -> None:
 async def test_readyz_reports_a_broken_feishu_token(
     client: TestClient[Any, Any], sandbox: RunningSandbox
 ) -> None:
-    admin_url = client.app[SERVICES].admin_url
+    admin_url = client.app[ADMIN_URL]
     feishu = client.app[SERVICES].client
     assert feishu is not None
     current = await feishu.tokens.get()
@@ -432,7 +432,7 @@ async def test_readyz_says_degraded_but_stays_ready_while_feishu_is_down_for_eve
     sandbox.state.faults.fail(1.0, status=503, endpoints=("patch",))
     for session_id in sessions:
         await _events(client, session_id, {"type": "content", "text": "working"})
-    admin_url = client.server.app[SERVICES].admin_url
+    admin_url = client.server.app[ADMIN_URL]
     async with aiohttp.ClientSession() as http:
         for _ in range(100):  # the six failures land within a second
             async with http.get(f"{admin_url}/readyz") as response:

@@ -52,7 +52,7 @@ async def _client(
         handler, deduper, settings_.card.locales, BackgroundTasks(), reply_timeout=reply_timeout or 2.5
     )
     app = web.Application()
-    app.add_routes(callback_routes(pipeline, settings_, clock, observe=_appender(observed)))
+    app.add_routes(callback_routes(lambda: pipeline, settings_, clock, observe=_appender(observed)))
     return await aiohttp_client(app)
 
 

@@ -246,7 +246,7 @@ async def test_without_the_cardkit_scope_tasks_fall_back_to_patch_and_ask_once()
         assert run.sandbox.state.requests.get("card_create", 0) == 1  # the missing scope is remembered
         assert not run.sandbox.state.cardkit.cards
         assert {card["transport"] for card in live_cards(admin(run))} == {"patch"}
-        async with run.http.get(f"{admin(run).admin_url}/readyz") as response:
+        async with run.http.get(f"{run.admin_url}/readyz") as response:
             ready = await response.json()
         assert response.status == 200  # degraded, not unready: cards still move
         assert "cardkit:card:write" in ready["degraded"]["cardkit"], ready

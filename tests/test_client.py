@@ -75,7 +75,7 @@ class Service:
 
     @property
     def service(self) -> TaskService:
-        return self.services.require_service()
+        return self.services.service
 
     @property
     def sandbox(self) -> RunningSandbox:

@@ -18,7 +18,8 @@ import redis
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
+from feishu_progress.cluster.clicks import forwarded_click
 from feishu_progress.cluster.forward import INTERNAL_CLICKS_PATH, event_to_json
 from feishu_progress.cluster.trust import signed_headers
 from feishu_progress.config import (
@@ -197,17 +198,15 @@ async def test_the_record_only_path_binds_the_click_to_its_card(instance: TestCl
     session_id, message_id = await _task_waiting_for_approval(instance)
     services: Services = instance.server.app[SERVICES]
     service = services.service
-    assert service is not None
 
     async def writer_out_of_reach(session: int) -> None:
         raise NotWritableHere(session)
 
-    # The card's writer cannot be reached: this instance only records the click (card_actions._record_only).
-    record_only = CardActions(
+    # The card's writer cannot be reached: this instance only records the click (cluster/clicks.record_only).
+    here = CardActions(
         tasks=writer_out_of_reach,  # type: ignore[arg-type]
         action_log=service.action_log,
         snapshots=service.snapshots,
-        saved_state=service.snapshots.load,
         settings=services.settings,
         clock=services.clock,
     )
@@ -218,11 +217,11 @@ async def test_the_record_only_path_binds_the_click_to_its_card(instance: TestCl
         message_id="om_not_this_card",
         value={"v": 1, "action": "approve", "session_id": session_id, "approval_id": "a1"},
     )
-    refused = await record_only.handle(foreign, forwarded=True)
+    refused = await forwarded_click(here, service.snapshots.load, foreign)
     assert refused.toast_type == "error"
     assert await _approvals(instance, session_id) == []
     mine = CardActionEvent(**{**event_to_json(foreign), "message_id": message_id, "options": ()})
-    assert (await record_only.handle(mine, forwarded=True)).toast_type == "success"
+    assert (await forwarded_click(here, service.snapshots.load, mine)).toast_type == "success"
     assert len(await _approvals(instance, session_id)) == 1
 
 
@@ -236,7 +235,7 @@ async def test_readyz_says_redis_is_unreachable_and_not_where_it_is(
         client: TestClient[Any, Any] = await aiohttp_client(
             create_app(settings, registry=CollectorRegistry())
         )
-        admin_url = client.server.app[SERVICES].admin_url
+        admin_url = client.server.app[ADMIN_URL]
         redis_server.stop()
         port = redis_server.url.rsplit(":", 1)[1].split("/")[0]
         deadline = asyncio.get_running_loop().time() + 15

@@ -8,6 +8,7 @@ tests/test_cluster_mode.py drives the whole path with three instances, a kill -9
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -16,13 +17,16 @@ from typing import Any
 import pytest
 
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
-from feishu_progress.db.repo import EventLogRepository
+from feishu_progress.db.repo import EventLogRepository, SubagentRepository
 from feishu_progress.embedded import EmbeddedService
+from feishu_progress.runtime.applier import EventApplier
 from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.events import EventBatch, parse_model
 from feishu_progress.runtime.service import TaskService
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.services import Services
+from feishu_progress.subagents.manager import SubagentManager
 
 
 def batch(*events: Mapping[str, Any]) -> str:
@@ -31,6 +35,21 @@ def batch(*events: Mapping[str, Any]) -> str:
 
 def delta(text: str) -> dict[str, str]:
     return {"type": "content_delta", "text": text}
+
+
+def with_event_log(services: Services, log: EventLogRepository) -> TaskService:
+    """The running service with its applier as cluster mode builds it: event log read, every batch saved."""
+    applier = EventApplier(
+        subagent_rows=SubagentRepository(services.db, services.background),
+        manager=SubagentManager(services.db),
+        images=lambda task: services.apps.get(task.state.app).images,
+        snapshots=services.service.snapshots,
+        clock=services.clock,
+        metrics=services.metrics,
+        event_log=EventLog(log, services.background),
+        durable=True,
+    )
+    return dataclasses.replace(services.service, applier=applier)
 
 
 @pytest.fixture
@@ -46,11 +65,8 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[TaskService, EventLogRe
             api=ApiSettings(token="api-token"),
         )
         async with EmbeddedService(settings, serve_http=False) as fp:
-            service, db = fp.services.service, fp.services.db
-            assert service is not None and db is not None
-            log = EventLogRepository(db)
-            service.applier.event_log = EventLog(log, fp.services.background)  # as cluster/wiring.py does
-            service.applier.durable = True
+            log = EventLogRepository(fp.services.db)
+            service = with_event_log(fp.services, log)
             task = await fp.create_task(
                 receive_id="oc_1", receive_id_type="chat_id", requester_open_id="ou_1"
             )

@@ -24,7 +24,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
@@ -458,10 +458,10 @@ async def test_fuzzed_requests_never_get_a_5xx_and_the_service_stays_healthy(
     assert response.status == 202
     await until_card_shows(sandbox, message_id, "模糊测试之后仍然健康")
     services = client.app[SERVICES]
-    async with client.session.get(f"{services.admin_url}/readyz") as ready:
+    async with client.session.get(f"{client.app[ADMIN_URL]}/readyz") as ready:
         assert ready.status == 200, await ready.text()
     # Every state the fuzz got accepted can be saved: a 202 never hides a state the database refuses.
-    service = services.require_service()
+    service = services.service
     await service.snapshots.flush()
     unsaved = [task.session_id for task in service.registry if service.snapshots.is_dirty(task.session_id)]
     assert unsaved == []
@@ -521,7 +521,7 @@ async def test_values_at_the_column_limits_are_saved_and_beyond_them_refused(
         )
         == 202
     )
-    service = client.app[SERVICES].require_service()
+    service = client.app[SERVICES].service
     await service.snapshots.flush()
     assert not service.snapshots.is_dirty(session_id)
     record = await service.snapshots.load(session_id)

@@ -447,7 +447,7 @@ async def test_the_app_uploads_images_from_its_root_only(
     assert response.status == 202, await response.text()
     uploading = [t for t in asyncio.all_tasks() if t.get_name() == "images-img-1"]
     await asyncio.wait_for(asyncio.gather(*uploading), DRAIN_GUARD_SECONDS)
-    state = (await app[SERVICES].require_service().require(session_id)).state
+    state = (await app[SERVICES].service.require(session_id)).state
     image_keys = state.image_keys
     assert list(image_keys) == ["a.png"]
     assert sandbox.state.images[image_keys["a.png"]] == png("a")

@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.apps_file import app_specs, referenced_variables
 from feishu_progress.client import FeishuProgressClient
 from feishu_progress.config import (
@@ -176,7 +176,7 @@ async def test_an_unknown_or_missing_app_is_422_naming_the_known_ones(client: Cl
 
 async def test_readyz_and_admin_cards_show_each_app(client: Client) -> None:
     session_id, _ = await _create(client, "sales")
-    admin_url = client.server.app[SERVICES].admin_url
+    admin_url = client.server.app[ADMIN_URL]
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{admin_url}/readyz") as response:
             ready = await response.json()

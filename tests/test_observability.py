@@ -24,7 +24,7 @@ import yaml
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -90,7 +90,7 @@ def sandbox_settings(tmp_path: Path) -> Settings:
 
 
 async def scrape(client: TestClient[Any, Any]) -> str:
-    admin_url = client.app[SERVICES].admin_url
+    admin_url = client.app[ADMIN_URL]
     async with aiohttp.ClientSession() as http, http.get(f"{admin_url}/metrics") as response:
         assert response.status == 200
         return await response.text()
@@ -133,7 +133,7 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
     async with asyncio.timeout(15):
         while sample("fp_oldest_pending_final_seconds") > 0:  # delivered: nothing waits
             await asyncio.sleep(0.05)
-    async with aiohttp.ClientSession() as http, http.get(f"{services.admin_url}/readyz") as ready:
+    async with aiohttp.ClientSession() as http, http.get(f"{client.app[ADMIN_URL]}/readyz") as ready:
         assert ready.status == 200
     assert sample("fp_readiness_ok", {"check": "database"}) == 1
     assert sample("fp_readiness_ok", {"check": "database_holder"}) == 1

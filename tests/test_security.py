@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -261,7 +261,7 @@ async def test_a_bearer_token_that_is_not_utf8_is_401_not_5xx(tmp_path: Path, ai
     client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
     status = await _raw_get(client.host, client.port, "/v1/tasks/1", b"Bearer \xff\xfe\xc3")
     assert status.split()[1] == b"401"
-    admin_url = client.server.app[SERVICES].admin_url
+    admin_url = client.server.app[ADMIN_URL]
     assert admin_url is not None
     host, port = admin_url.removeprefix("http://").rsplit(":", 1)
     admin_status = await _raw_get(host, int(port), "/admin/cards", b"Bearer \xff\xfe\xc3")

@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from aiohttp.web_urldispatcher import UrlMappingMatchInfo
 
-from feishu_progress.cluster.wiring import _routed_session
+from feishu_progress.cluster.http import _routed_session
 from feishu_progress.web.http import MAX_ID, parse_id
 
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -515,8 +515,7 @@ async def test_on_cardkit_a_subagent_finished_in_the_agents_database_leaves_the_
 
 
 async def test_readyz_checks_the_agent_database(client: TestClient[Any, Any]) -> None:
-    services = client.app[SERVICES]
-    async with aiohttp.ClientSession() as http, http.get(f"{services.admin_url}/readyz") as response:
+    async with aiohttp.ClientSession() as http, http.get(f"{client.app[ADMIN_URL]}/readyz") as response:
         assert response.status == 200, await response.text()
         assert "subagents_database" in (await response.json())["checks"]
 
@@ -538,7 +537,7 @@ async def test_an_unreachable_agent_database_fails_readyz_and_only_hides_the_sec
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     assert _subagent_section(sandbox.state.messages[message_id].card) is None
-    admin_url = client.app[SERVICES].admin_url
+    admin_url = client.app[ADMIN_URL]
     async with aiohttp.ClientSession() as http, http.get(f"{admin_url}/readyz") as response:
         assert response.status == 503
         assert "subagents_database" in (await response.json())["reasons"]

@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.errors import ConfigError
@@ -127,7 +127,7 @@ async def _push_cancel(sandbox: RunningSandbox, session_id: int, message_id: str
 
 
 async def _readyz(client: Client) -> tuple[int, dict[str, Any]]:
-    admin_url = client.server.app[SERVICES].admin_url
+    admin_url = client.server.app[ADMIN_URL]
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
         http.get(f"{admin_url}/readyz") as response,

@@ -4,7 +4,7 @@ Events for one task must be applied in order by one writer: the instance that wr
 that reaches another instance is forwarded as it came (method, path, body, the runtime's bearer token)
 with ``X-FP-Forwarded-By``; an instance never forwards a forwarded request again (no loops while
 ownership moves). An event batch the writer does not take in time (paused, dead, slow) goes to the
-event log instead (cluster/wiring.py), where the writer or its successor applies it in order. Clicks
+event log instead (cluster/http.py), where the writer or its successor applies it in order. Clicks
 are forwarded as the verified event, to ``/internal/v1/clicks``, within Feishu's 3-second window,
 signed with the cluster secret (``cluster/trust.py``): the runtime token would let any runtime forge one.
 """

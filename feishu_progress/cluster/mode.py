@@ -6,10 +6,10 @@ Redis holds what is shared and fast but never the only copy of anything: the app
 (cluster/budget.py), callback dedupe keys, and nudges ("a click was recorded on task N") — every
 nudge has a backstop (long-polls look at the table every second; a taken task replays the log).
 
-What this object does, as the other rooms see it:
+What this object does, as the other rooms see it (each given it at construction, ``cluster/topology.py``):
 - ``Ownership`` for the task service: may this instance write; take a task (claim); release finished ones.
 - ``DeliveryGate`` for the scheduler: no write without a live lease; every write through the shared budget.
-- ``RemoteClicks`` for card actions: hand a click to the card's writer.
+- ``RemoteClicks`` for ``cluster/clicks.py``: hand a click to the card's writer.
 - its loops: the heartbeat, the takeover scan (each second: cards whose writer is gone, and batches
   others put in the event log for this instance's cards), the nudges.
 - ``hand_over`` at a graceful stop: cards with nothing in flight are released for the others at once.
@@ -181,7 +181,7 @@ class ClusterMode:
     def paused(self, api: str, seconds: float) -> None:
         self._background.spawn(self.budget.pause(OpenApi(api), seconds), name="cluster-budget-pause")
 
-    # -- RemoteClicks (for card actions) ------------------------------------------------------------
+    # -- RemoteClicks (for cluster/clicks.py) -------------------------------------------------------
 
     async def click(self, address: str, event: CardActionEvent) -> Mapping[str, Any]:
         secret = self._settings.cluster.secret

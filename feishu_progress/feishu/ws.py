@@ -331,12 +331,19 @@ def _close_loop(loop: asyncio.AbstractEventLoop, client: Any) -> None:
         loop.close()
 
 
+def long_connection(
+    app_id: str | None, app_secret: str | None, domain: str, bridge: WsCallbackBridge
+) -> LongConnection:
+    """Build the receiver, not started yet; ConfigError without app credentials or without lark-oapi."""
+    if not app_id or not app_secret:
+        raise ConfigError("FP_FEISHU__MODE=ws needs FP_FEISHU__APP_ID and FP_FEISHU__APP_SECRET")
+    return LongConnection(app_id, app_secret, domain, bridge)
+
+
 def start_long_connection(
     app_id: str | None, app_secret: str | None, domain: str, bridge: WsCallbackBridge
 ) -> LongConnection:
     """Build and start the receiver; ConfigError without app credentials or without lark-oapi."""
-    if not app_id or not app_secret:
-        raise ConfigError("FP_FEISHU__MODE=ws needs FP_FEISHU__APP_ID and FP_FEISHU__APP_SECRET")
-    connection = LongConnection(app_id, app_secret, domain, bridge)
+    connection = long_connection(app_id, app_secret, domain, bridge)
     connection.start()
     return connection

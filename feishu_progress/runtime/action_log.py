@@ -32,7 +32,18 @@ _INTEGRITY_RETRIES = 3
 class ActionLog:
     """Appends actions (group-committed) and answers the runtime's long-polls."""
 
-    def __init__(self, repo: ActionRepository, clock: Clock, background: BackgroundTasks) -> None:
+    def __init__(
+        self,
+        repo: ActionRepository,
+        clock: Clock,
+        background: BackgroundTasks,
+        *,
+        nudge: Callable[[int], None],
+        poll_interval: float,
+    ) -> None:
+        """``nudge(session_id)`` tells the other instances (their long-polls, the card's writer) of a new
+        action (single mode: nobody to tell); long-polls look at the table at least every
+        ``poll_interval`` seconds (cluster mode: a peer's nudge may be lost; single mode: ``inf``)."""
         self._repo = repo
         self._clock = clock
         self._writes: GroupCommit[NewAction, tuple[ActionRecord, bool]] = GroupCommit(
@@ -41,17 +52,14 @@ class ActionLog:
         self._waiters: dict[int, asyncio.Event] = {}  # one per session with a long-poll waiting
         self._stopping = False
         self._polls: dict[int, int] = {}
-        # Cluster mode: tells the other instances (their long-polls, the card's owner) about a new action.
-        self.recorded: Callable[[int], None] | None = None
-        # Long-polls look at the table at least this often: a nudge from another instance may be lost.
-        self.poll_interval: float | None = None
+        self._nudge = nudge
+        self._poll_interval = poll_interval
 
     async def record(self, action: NewAction) -> ActionRecord:
         """Append ``action`` durably; a repeat of a logged dedupe key gives back the first record."""
         record, _ = await self._writes.submit(action)
         self.notify(action.session_id)
-        if self.recorded is not None:
-            self.recorded(action.session_id)
+        self._nudge(action.session_id)
         return record
 
     async def since(self, session_id: int, after: int) -> list[ActionRecord]:
@@ -99,8 +107,7 @@ class ActionLog:
                 remaining = deadline - self._clock.monotonic()
                 if records or remaining <= 0 or self._stopping:
                     break
-                step = remaining if self.poll_interval is None else min(remaining, self.poll_interval)
-                await event_or_timeout(waiter, self._clock, step)
+                await event_or_timeout(waiter, self._clock, min(remaining, self._poll_interval))
         finally:
             self._polls[session_id] -= 1
             if not self._polls[session_id]:

@@ -24,7 +24,7 @@ from feishu_progress.errors import REUSED_KEY, EventRejected, NotWritableHere, T
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
 from feishu_progress.runtime import events as ev
-from feishu_progress.runtime.event_log import EventLog
+from feishu_progress.runtime.event_log import LoggedBatches
 from feishu_progress.runtime.images import ImageKeys
 from feishu_progress.runtime.snapshots import Saved, SnapshotStore
 from feishu_progress.runtime.state import batch_digest
@@ -56,16 +56,19 @@ class EventApplier:
         snapshots: SnapshotStore,
         clock: Clock,
         metrics: Metrics,
+        event_log: LoggedBatches,
+        durable: bool,
     ) -> None:
+        """``event_log``: batches other instances stored for this instance's cards (cluster mode; single
+        mode's is always empty). ``durable``: save every batch before answering (cluster mode)."""
         self._rows = subagent_rows
         self._manager = manager
         self._images = images
         self._snapshots = snapshots
         self._clock = clock
         self._metrics = metrics
-        self.durable = False  # cluster mode: save every batch before answering
-        # Cluster mode: batches other instances stored for this instance's cards (cluster/wiring.py).
-        self.event_log: EventLog | None = None
+        self._event_log = event_log
+        self._durable = durable
 
     async def apply(
         self, task: Task, batch: ev.EventBatch, idempotency_key: str | None = None, body: str | None = None
@@ -125,7 +128,7 @@ class EventApplier:
         """Show what was applied; save it (before the 202 in cluster mode), then forget logged batches."""
         state = task.state
         task.sync_card(urgent=state.status.is_terminal)
-        if state.status is not before or self.durable:
+        if state.status is not before or self._durable:
             # A restart must re-attach at the right status; in cluster mode a dead instance's cards
             # are taken over from what it saved, so every accepted event is saved before the 202.
             if await self._snapshots.save_now(task) is Saved.LOST:
@@ -137,9 +140,8 @@ class EventApplier:
 
     async def _forget_logged(self, task: Task) -> None:
         """Delete the applied (and saved) logged batches; left behind, they are skipped by seq anyway."""
-        assert self.event_log is not None
         try:
-            await self.event_log.forget_through(task.session_id, task.state.events_applied)
+            await self._event_log.forget_through(task.session_id, task.state.events_applied)
         except Exception as exc:  # the batch is applied and saved: its answer stays a 202
             log.warning(
                 "applied logged batches of session %s not deleted: %s", task.session_id, type(exc).__name__
@@ -147,13 +149,10 @@ class EventApplier:
 
     async def _drain_log(self, task: Task) -> int:
         """Apply the logged batches this state has not seen, in order; a refused one is skipped."""
-        if (
-            self.event_log is None
-            or await self.event_log.newest(task.session_id) <= task.state.events_applied
-        ):
+        if await self._event_log.newest(task.session_id) <= task.state.events_applied:
             return 0
         drained = 0
-        while entries := await self.event_log.after(task.session_id, task.state.events_applied):
+        while entries := await self._event_log.after(task.session_id, task.state.events_applied):
             for entry in entries:
                 await self._apply_logged(task, entry)
                 task.state.events_applied = entry.seq

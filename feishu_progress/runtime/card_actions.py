@@ -5,6 +5,10 @@ toast at 2.5 s). It decides what the click means from the task's state; a click 
 is written to the action log (group-committed, so this costs milliseconds) and only then applied to the
 task — so "回答已提交" is never said about an answer the runtime will not see. A click the log could not
 take changes nothing and says 操作失败,请稍后重试.
+
+A click for a card another instance writes (cluster mode) never gets here as such: the lookup raises
+``OwnedElsewhere`` / ``NotWritableHere`` and ``cluster/clicks.py`` hands the click to the card's writer or
+only records it, with the checks and deciders this module exports.
 """
 
 from __future__ import annotations
@@ -12,14 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from feishu_progress.cards.callback_contract import ACTIONS, CALLBACK_VERSION, decode_form_answers
 from feishu_progress.config import Settings
-from feishu_progress.db.repo import NewAction
+from feishu_progress.db.repo import ActionRecord, NewAction
 from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import Notice
-from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent, ToastType
 from feishu_progress.i18n import Msg
 from feishu_progress.ports import Clock
@@ -31,13 +34,7 @@ from feishu_progress.runtime.task import Task
 log = logging.getLogger(__name__)
 
 TaskLookup = Callable[[int], Awaitable[Task | None]]
-StateLookup = Callable[[int], Awaitable[TaskState | None]]
-
-
-class RemoteClicks(Protocol):
-    """Cluster mode: hands a click to the instance that writes its card (cluster/forward.py)."""
-
-    async def click(self, address: str, event: CardActionEvent) -> Mapping[str, Any]: ...
+StateLookup = Callable[[int], Awaitable[TaskState | None]]  # the saved state (cluster/clicks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +73,12 @@ def parse_click(value: Mapping[str, Any]) -> Click | None:
     )
 
 
-def _on_this_card(state: TaskState, event: CardActionEvent) -> bool:
+def on_this_card(state: TaskState, event: CardActionEvent) -> bool:
     """Whether the click came from this task's card: a button's value names a task, the message proves it."""
     return not state.message_id or event.message_id == state.message_id
 
 
-def _toast(kind: ToastType, key: str, card: Mapping[str, Any] | None = None) -> CallbackReply:
+def toast(kind: ToastType, key: str, card: Mapping[str, Any] | None = None) -> CallbackReply:
     return CallbackReply(toast_type=kind, text=Msg(key), card=card)
 
 
@@ -96,69 +93,34 @@ class CardActions:
         snapshots: SnapshotStore,
         settings: Settings,
         clock: Clock,
-        saved_state: StateLookup | None = None,
-        remote: RemoteClicks | None = None,
     ) -> None:
         self._tasks = tasks
-        self._saved_state = saved_state
-        self.remote = remote
         self._action_log = action_log
         self._snapshots = snapshots
         self._settings = settings
         self._clock = clock
 
-    async def handle(self, event: CardActionEvent, *, forwarded: bool = False) -> CallbackReply:
+    async def handle(self, event: CardActionEvent) -> CallbackReply:
+        """Answer a click on a card this instance writes (cluster mode: OwnedElsewhere, NotWritableHere)."""
         click = parse_click(event.value)
         if click is None:
-            return _toast("error", "card.toast.invalid_action")
-        try:
-            task = await self._tasks(click.session_id)
-        except OwnedElsewhere as elsewhere:
-            if forwarded or self.remote is None or elsewhere.address is None:
-                return await self._record_only(click, event)
-            return await self._at_owner(elsewhere.address, click, event)
-        except NotWritableHere:
-            return await self._record_only(click, event)
-        if task is None or not _same_app(task.state, event):
-            return _toast("error", "card.toast.unknown_task")
-        if not _on_this_card(task.state, event):
-            return _toast("error", "card.toast.expired")
+            return toast("error", "card.toast.invalid_action")
+        task = await self._tasks(click.session_id)
+        if task is None or not same_app(task.state, event):
+            return toast("error", "card.toast.unknown_task")
+        if not on_this_card(task.state, event):
+            return toast("error", "card.toast.expired")
         if task.card.stopped_reason is not None:  # past the 14-day window, recalled or deleted
-            return _toast("info", "card.toast.expired")
-        if not self._may_act(task.state, event):
+            return toast("info", "card.toast.expired")
+        if not self.may_act(task.state, event):
             log.info("click %r on task %s refused: not the requester", click.action, click.session_id)
-            return _toast("error", "card.toast.not_requester", task.card.callback_card())
+            return toast("error", "card.toast.not_requester", task.card.callback_card())
         async with task.lock:
             return await self._decide_and_apply(task, click, event)
 
-    async def _at_owner(self, address: str, click: Click, event: CardActionEvent) -> CallbackReply:
-        assert self.remote is not None
-        try:
-            return CallbackReply(rendered=await self.remote.click(address, event))
-        except ForwardFailed as exc:  # the owner is paused or dying: this instance records the click
-            log.warning("the owner of task %s did not take the click (%r)", click.session_id, exc)
-            return await self._record_only(click, event)
-
-    async def _record_only(self, click: Click, event: CardActionEvent) -> CallbackReply:
-        """Cluster mode, the card's writer out of reach: log the click; whoever holds the task applies it.
-
-        The answer is a toast only: this instance does not write the card, so it sends no card either.
-        """
-        state = None if self._saved_state is None else await self._saved_state(click.session_id)
-        if state is None or not _same_app(state, event):
-            return _toast("error", "card.toast.unknown_task")
-        if not _on_this_card(state, event):
-            return _toast("error", "card.toast.expired")
-        if not self._may_act(state, event):
-            return _toast("error", "card.toast.not_requester")
-        decision = _DECIDERS[click.action](state, click, event)
-        if decision.kind is not None:
-            try:
-                await self._action_log.record(self._action(state.session_id, decision, event))
-            except Exception as exc:
-                log.warning("click %r on task %s not recorded: %r", click.action, click.session_id, exc)
-                return _toast("error", "card.toast.error")
-        return _toast(decision.toast_type, decision.toast_key)
+    async def record(self, session_id: int, decision: Decision, event: CardActionEvent) -> ActionRecord:
+        """Write the action ``decision`` names to the log (durable before the click is acknowledged)."""
+        return await self._action_log.record(self._action(session_id, decision, event))
 
     def _action(self, session_id: int, decision: Decision, event: CardActionEvent) -> NewAction:
         assert decision.kind is not None
@@ -171,7 +133,8 @@ class CardActions:
             now=utc_datetime(self._clock.wall()),
         )
 
-    def _may_act(self, state: TaskState, event: CardActionEvent) -> bool:
+    def may_act(self, state: TaskState, event: CardActionEvent) -> bool:
+        """Whether the clicking user may decide for this task (the requester, or chat members if allowed)."""
         if event.open_id == state.requester_open_id:
             return True
         # Widened by FP_CALLBACK__ALLOW_CHAT_MEMBERS: anyone clicking inside the chat the card was sent to.
@@ -183,22 +146,22 @@ class CardActions:
         )
 
     async def _decide_and_apply(self, task: Task, click: Click, event: CardActionEvent) -> CallbackReply:
-        decision = _DECIDERS[click.action](task.state, click, event)
+        decision = decide(task.state, click, event)
         if decision.kind is None:
-            return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
+            return toast(decision.toast_type, decision.toast_key, task.card.callback_card())
         try:
-            recorded = await self._action_log.record(self._action(task.session_id, decision, event))
+            recorded = await self.record(task.session_id, decision, event)
         except Exception as exc:
             log.warning("click %r on task %s not recorded: %r", click.action, task.session_id, exc)
-            return _toast("error", "card.toast.error")
+            return toast("error", "card.toast.error")
         # The state's one interpreter, by the log's id: a redelivery racing the first is applied once.
         task.state.apply_logged_action(recorded.id, decision.kind, decision.payload or {})
         task.sync_card()  # the reply carries the new card; the scheduler brings every viewer up to date
         self._snapshots.mark_dirty(task)
-        return _toast(decision.toast_type, decision.toast_key, task.card.callback_card())
+        return toast(decision.toast_type, decision.toast_key, task.card.callback_card())
 
 
-def _same_app(state: TaskState, event: CardActionEvent) -> bool:
+def same_app(state: TaskState, event: CardActionEvent) -> bool:
     """A click counts only on the route of the app that sent the card (its keys verified it)."""
     if event.app is None or event.app == state.app:
         return True
@@ -209,6 +172,11 @@ def _same_app(state: TaskState, event: CardActionEvent) -> bool:
         state.app,
     )
     return False
+
+
+def decide(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
+    """What ``click`` means for a task in ``state`` (a pure read; nothing is changed)."""
+    return _DECIDERS[click.action](state, click, event)
 
 
 # -- what each click means (pure reads of the state; changes go through TaskState methods) --------------

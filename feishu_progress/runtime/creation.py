@@ -70,13 +70,14 @@ class TaskCreator:
         apps: AppRegistry,
         registry: TaskRegistry,
         clock: Clock,
+        owner: str | None,
     ) -> None:
         self._settings = settings
         self._apps = apps
         self._repo = repo
         self._registry = registry
         self._clock = clock
-        self.owner: str | None = None  # cluster mode: this instance's id; it writes what it creates
+        self._owner = owner  # cluster mode: this instance's id; it writes what it creates (single: None)
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
         """Create the task and send its first card (raises TaskConflict, FirstCardFailed, UnknownApp)."""
@@ -94,7 +95,7 @@ class TaskCreator:
                     app=app.name,
                     key=idempotency_key,
                     now=utc_datetime(now),
-                    owner=self.owner,
+                    owner=self._owner,
                     digest=digest,
                 )
             )
@@ -115,7 +116,7 @@ class TaskCreator:
             app=app.name,
             started_at=now,
             last_event_at=now,
-            fence=1 if self.owner is not None else 0,
+            fence=1 if self._owner is not None else 0,
         )
         return await self._send_first(state, request.reply_to_message_id, idempotency_key)
 

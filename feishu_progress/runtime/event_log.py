@@ -3,15 +3,44 @@
 Before each batch it applies, the writer looks whether other instances logged batches for the task
 that it has not applied (they go first). That look is one query per batch; it is group-read, so the
 batches of many tasks arriving together share one query (as clicks share one group commit).
+
+Single mode has ``NO_EVENT_LOG``: one instance takes every batch itself, so none is ever logged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import EventLogRepository, LoggedBatch
 from feishu_progress.group_commit import GroupCommit
+
+
+class LoggedBatches(Protocol):
+    """What the event applier reads of the event log (``EventLog``, or ``NO_EVENT_LOG``)."""
+
+    async def newest(self, session_id: int) -> int: ...
+
+    async def after(self, session_id: int, after_seq: int) -> list[LoggedBatch]: ...
+
+    async def forget_through(self, session_id: int, seq: int) -> None: ...
+
+
+class NoEventLog:
+    """Single mode: nothing is ever logged for a task (this instance took every batch itself)."""
+
+    async def newest(self, session_id: int) -> int:
+        return 0
+
+    async def after(self, session_id: int, after_seq: int) -> list[LoggedBatch]:
+        return []
+
+    async def forget_through(self, session_id: int, seq: int) -> None:
+        return None
+
+
+NO_EVENT_LOG = NoEventLog()
 
 
 class EventLog:

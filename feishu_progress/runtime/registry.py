@@ -8,7 +8,7 @@ again (``TaskService.task``). So a process that ran for a month holds its live t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from feishu_progress.apps import AppRegistry
 from feishu_progress.cards.builder import build_degraded_card, build_progress_card
@@ -104,6 +104,13 @@ class TaskRegistry:
             self._by_message.pop(task.card.message_id, None)
             self._publish()
         return task
+
+    def drop(self, session_ids: Iterable[int]) -> None:
+        """Stop holding tasks another instance writes now, and stop writing their cards (cluster mode)."""
+        for session_id in session_ids:
+            task = self.evict(session_id)
+            if task is not None:
+                self._apps.get(task.state.app).scheduler.drop(task.card.message_id)
 
     def __len__(self) -> int:
         return len(self._tasks)

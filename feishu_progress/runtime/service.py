@@ -45,18 +45,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """This instance writes the card now, at ``fence``; ``hold`` seconds before its first write."""
+    """This instance writes the card now: at ``fence`` when it took the card from another writer (cluster
+    mode), or at the fence it saved (None: single mode, where it always wrote it); ``hold`` seconds
+    before its first write."""
 
-    fence: int
+    fence: int | None = None
     hold: float = 0.0
+
+    @property
+    def taken(self) -> bool:
+        """Taken from another writer: what Feishu shows may be that writer's, so it is written again first."""
+        return self.fence is not None
 
 
 class Ownership(Protocol):
-    """Cluster mode's side of "which instance holds which task" (cluster/mode.py)."""
+    """Which instance holds which task (cluster/mode.py; single mode: topology.AlwaysTheWriter)."""
 
     def may_write(self) -> bool: ...
 
-    async def claim(self, session_id: int) -> Claim | None: ...
+    async def claim(self, session_id: int) -> Claim | None:
+        """This instance writes the task from now on (a Claim), or OwnedElsewhere; None: no such task."""
+        ...
 
     def release_later(self, session_ids: Sequence[int]) -> None: ...
 
@@ -82,10 +91,10 @@ class TaskService:
     action_log: ActionLog
     housekeeping: Housekeeping
     apps: AppRegistry
+    ownership: Ownership  # the topology's (topology.py): single mode always writes, cluster mode claims
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
-    ownership: Ownership | None = None  # cluster mode only
     max_live: int | None = None  # FP_TASK__MAX_LIVE: creates past it raise TooManyLive
-    # Cluster mode: a lock (and how many wait for it) per task being loaded (``_loading``).
+    # A lock (and how many wait for it) per task being loaded (``_loading``).
     _loads: dict[int, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False, repr=False)
 
     async def create_task(
@@ -105,8 +114,6 @@ class TaskService:
         nobody live writes is taken here first.
         """
         held = self.registry.get(session_id)
-        if self.ownership is None:
-            return held if held is not None else await self._load(session_id, None)
         if not self.ownership.may_write():
             raise NotWritableHere(f"task {session_id}: this instance's lease lapsed")
         if held is not None:
@@ -122,11 +129,9 @@ class TaskService:
         """Hold a task this instance just took (from a dead or departed instance, or after a restart)."""
         async with self._loading(session_id):
             held = self.registry.get(session_id)
-            if held is not None and held.state.fence >= claim.fence:
+            if held is not None and (claim.fence is None or held.state.fence >= claim.fence):
                 return held  # a request loaded it at this epoch while the take was under way
-            if held is not None:  # a stale copy from before a lapse of the lease
-                self.registry.evict(session_id)
-                self._scheduler_of(held).drop(held.card.message_id)
+            self.registry.drop([session_id])  # a stale copy from before a lapse of the lease, if any
             return await self._load(session_id, claim)
 
     @contextlib.asynccontextmanager
@@ -144,11 +149,11 @@ class TaskService:
             else:
                 self._loads[session_id] = (lock, users - 1)
 
-    async def _load(self, session_id: int, claim: Claim | None) -> Task | None:
+    async def _load(self, session_id: int, claim: Claim) -> Task | None:
         state = await self.snapshots.load(session_id)
         if state is None:
             return None
-        if claim is not None:
+        if claim.fence is not None:
             state.fence = claim.fence
         if not await self.snapshots.new_epoch(state):
             log.warning("task %s: its card changed hands while it was loaded", session_id)
@@ -158,16 +163,16 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
-        if claim is not None and claim.hold > 0:
+        if claim.hold > 0:
             self._scheduler_of(task).hold(task.card, claim.hold)
         # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
         # awaited: a takeover loads a dead instance's cards one after another, and a batch that
         # arrives first applies them itself before its own.
         self.background.spawn(self._catch_up_events(task), name="catch-up-logged")
-        if claim is not None or not state.status.is_terminal:
+        if claim.taken or not state.status.is_terminal:
             # What Feishu shows may predate the saved state, or come from a gone writer: a taken card's
             # first write goes ahead of ordinary updates (as a final would).
-            task.card.resend(urgent=claim is not None)
+            task.card.resend(urgent=claim.taken)
         return task
 
     async def _replay_actions(self, state: TaskState) -> bool:
@@ -180,7 +185,7 @@ class TaskService:
     async def replay_actions(self, session_id: int) -> None:
         """Another instance recorded a click or a batch for a task held here: apply it (cluster nudge)."""
         task = self.registry.get(session_id)
-        if task is None or (self.ownership is not None and not self.ownership.may_write()):
+        if task is None or not self.ownership.may_write():
             return  # not held, or maybe no longer ours (a lapsed lease): its writer replays it
         async with task.lock:
             if await self._replay_actions(task.state):
@@ -200,10 +205,8 @@ class TaskService:
 
     def drop_local(self, session_ids: Sequence[int]) -> None:
         """Forget tasks another instance writes now (this one was paused or cut off)."""
+        self.registry.drop(session_ids)
         for session_id in session_ids:
-            task = self.registry.evict(session_id)
-            if task is not None:
-                self._scheduler_of(task).drop(task.card.message_id)
             self.snapshots.forget(session_id)
 
     async def require(self, session_id: int) -> Task:
@@ -337,7 +340,7 @@ class TaskService:
             self._evict(task)  # otherwise the housekeeping sweep evicts it once saved
 
     def _evict(self, task: Task) -> None:
-        if self.housekeeping.evict_finished(task) and self.ownership is not None:
+        if self.housekeeping.evict_finished(task):
             self.ownership.release_later([task.session_id])  # done: nobody need take it over
 
     def card_stopped(self, card: Deliverable, reason: str) -> None:

@@ -47,8 +47,17 @@ class SnapshotStore:
     """Dirty tracking, the periodic save, saves on a status change, and loading tasks back."""
 
     def __init__(
-        self, repo: TaskRepository, clock: Clock, background: BackgroundTasks, *, owner: str | None = None
+        self,
+        repo: TaskRepository,
+        clock: Clock,
+        background: BackgroundTasks,
+        *,
+        owner: str | None,
+        on_lost: Callable[[list[int]], None],
     ) -> None:
+        """``owner``: cluster mode's instance id: saves are conditioned on this instance still writing the
+        card at its fence, and ``on_lost`` hears of the cards taken from it (a paused or cut-off
+        instance). Single mode (None): every save is by primary key, and nothing is ever lost."""
         self._repo = repo
         self._clock = clock
         self._dirty: dict[int, Task] = {}
@@ -58,10 +67,8 @@ class SnapshotStore:
         self._writes: GroupCommit[StateRow, bool] = GroupCommit(
             self._write_rows, background, name="snapshots"
         )
-        # Cluster mode: saves are conditioned on this instance still writing the card at its fence, and
-        # ``on_lost`` hears of the cards that were taken from it (a paused or cut-off instance).
-        self.owner = owner
-        self.on_lost: Callable[[list[int]], None] | None = None
+        self._owner = owner
+        self._on_lost = on_lost
 
     def mark_dirty(self, task: Task) -> None:
         """Save this task on the next pass."""
@@ -128,11 +135,12 @@ class SnapshotStore:
         return [row.session_id not in lost for row in rows]
 
     async def _save(self, rows: Sequence[StateRow]) -> list[int]:
-        lost = await self._repo.save_states(rows, self.owner)
+        lost = await self._repo.save_states(rows, self._owner)
         if lost:
             log.warning("%d card(s) are written by another instance now: dropping them here", len(lost))
-            if self.on_lost is not None:
-                self.on_lost(lost)
+            for session_id in lost:
+                self.forget(session_id)
+            self._on_lost(lost)
         return lost
 
     def _log_failure(self, message: str, session_id: int, exc: BaseException) -> None:

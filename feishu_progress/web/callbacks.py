@@ -9,6 +9,9 @@ user) and a logged traceback. Nothing answers 500 for anything a client sends.
 Each app has its own route, ``/feishu/callback/<name>``, checked with that app's keys only;
 ``/feishu/callback`` is the default app's. A route exists only for an app in webhook mode (see
 ``app.create_app``). The click is tagged with the route's app: a click for another app's card is refused.
+
+The routes are registered before the app starts, the pipeline is built when it has: they are given how
+to find it (``app.create_app``: the started app's ``SERVICES``), and look it up per request.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ CALLBACK_PATH = "/feishu/callback"
 log = logging.getLogger(__name__)
 
 Observe = Callable[[float], None]
+PipelineLookup = Callable[[], CallbackPipeline]
 
 
 class CallbackEndpoint:
@@ -38,7 +42,7 @@ class CallbackEndpoint:
 
     def __init__(
         self,
-        pipeline: CallbackPipeline,
+        pipeline: PipelineLookup,
         settings: Settings,
         clock: Clock,
         *,
@@ -77,7 +81,7 @@ class CallbackEndpoint:
         parsed = self._parse(raw_body, request)
         if isinstance(parsed, UrlVerification):
             return web.json_response({"challenge": parsed.challenge})
-        return web.json_response(await self._pipeline.answer(dataclasses.replace(parsed, app=self._app)))
+        return web.json_response(await self._pipeline().answer(dataclasses.replace(parsed, app=self._app)))
 
     def _parse(self, raw_body: bytes, request: web.Request) -> UrlVerification | CardActionEvent:
         try:
@@ -93,7 +97,7 @@ class CallbackEndpoint:
 
 
 def callback_routes(
-    pipeline: CallbackPipeline,
+    pipeline: PipelineLookup,
     settings: Settings,
     clock: Clock,
     observe: Observe | None = None,

@@ -1,39 +1,35 @@
-"""Cluster mode, wired into the app: the same rooms as single mode with the cluster parts plugged in.
+"""Cluster mode's HTTP pieces: a request for a card goes to the instance that writes it.
 
-Single mode is not a second implementation: this module only sets the hooks the rooms already have
-(the scheduler's gate, the snapshot store's owner, the task service's ownership, the action log's nudge,
-card actions' remote clicks) and adds two HTTP pieces: a middleware that sends a request for a card to
-the instance that writes it, and ``/internal/v1/clicks`` where that instance takes a forwarded click.
+Two pieces, registered by ``app.create_app`` in cluster mode only (the rooms themselves get the cluster's
+parts at construction, ``cluster/topology.py``): a middleware that sends a request for one task to the
+instance that writes its card (an event batch that cannot reach it goes to the event log), and
+``/internal/v1/clicks`` where that instance takes a click a peer forwarded. Both read what the app holds
+once started: ``SERVICES`` and this module's ``CLUSTER`` (the running ClusterMode), set by the app's
+cleanup context.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from sqlalchemy.exc import SQLAlchemyError
 
+from feishu_progress.cluster.clicks import forwarded_click
 from feishu_progress.cluster.forward import FORWARDED_HEADER, INTERNAL_CLICKS_PATH, event_from_json
 from feishu_progress.cluster.mode import ClusterMode
 from feishu_progress.cluster.trust import from_peer
-from feishu_progress.db.engine import Database
-from feishu_progress.db.repo import CallbackDedupeRepository, storable_key
-from feishu_progress.db.times import utc_datetime
 from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere, UnknownTask
 from feishu_progress.feishu.callback import CardActionEvent, render_reply
 from feishu_progress.feishu.pipeline import DUPLICATE_REPLY
 from feishu_progress.ports import Deduper
-from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.responses import EventsAccepted
-from feishu_progress.runtime.service import TaskService
-from feishu_progress.services import Services
+from feishu_progress.services import SERVICES, Services
 from feishu_progress.web.api import read_event_batch
 from feishu_progress.web.http import HttpError, parse_id, parse_json, read_body
 
@@ -41,56 +37,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INTERNAL_CLICK_MAX_BYTES = 256 * 1024  # a click's form values; the public callback caps them lower
-ACTIONS_LONG_POLL_SECONDS = 1.0  # long-polls look at the table this often (a nudge may be lost)
+CLUSTER = web.AppKey("cluster", ClusterMode)
 
 
-async def open_cluster(services: Services, db: Database, service: TaskService, stack: AsyncExitStack) -> int:
-    """Plug cluster mode into a built service, take the lease and this instance's cards; how many."""
-    settings = services.settings
-    cluster = ClusterMode(settings, db, services.clock, services.metrics, services.background)
-    stack.push_async_callback(cluster.close)
-    services.cluster = cluster
-    service.ownership = cluster
-    service.applier.durable = True
-    service.applier.event_log = EventLog(cluster.event_log, services.background)
-    service.snapshots.owner = settings.instance_id
-    service.snapshots.on_lost = service.drop_local
-    for app in service.apps:  # each app's writes go through its own shared budget (Redis keys per app_id)
-        app.scheduler.gate = cluster.gate_for(app.feishu.app_id, app.spec.rate)
-    service.creator.owner = settings.instance_id
-    service.action_log.recorded = cluster.nudge
-    service.action_log.poll_interval = ACTIONS_LONG_POLL_SECONDS
-    assert services.actions is not None
-    services.actions.remote = cluster
-    services.deduper = ClusterDeduper(
-        cluster, CallbackDedupeRepository(db), settings.callback.dedupe_ttl_seconds, services
-    )
-    return await cluster.start(service)
-
-
-class ClusterDeduper:
-    """Callback dedupe every instance shares: Redis SET NX, or the database's unique key without Redis."""
-
-    def __init__(
-        self, cluster: ClusterMode, repo: CallbackDedupeRepository, ttl_seconds: int, services: Services
-    ) -> None:
-        self._cluster = cluster
-        self._repo = repo
-        self._ttl = ttl_seconds
-        self._services = services
-
-    async def warm(self) -> int:
-        return 0  # nothing kept in memory: every answer comes from Redis or the database
-
-    async def first_seen(self, key: str) -> bool:
-        stored = storable_key(key)
-        seen = await self._cluster.first_seen(stored, self._ttl)
-        if seen is not None:
-            return seen
-        return await self._repo.first_seen(stored, self._ttl, utc_datetime(self._services.clock.wall()))
-
-
-def writer_routing(services: Services) -> Middleware:
+def writer_routing() -> Middleware:
     """Middleware: a request for one task goes to the instance that writes its card.
 
     An event batch that cannot reach the writer is stored in the event log and answered 202: the writer
@@ -100,25 +50,26 @@ def writer_routing(services: Services) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         session_id = _routed_session(request)
-        if session_id is None or services.service is None:
+        if session_id is None:
             return await handler(request)
+        cluster = request.app[CLUSTER]
         try:
-            await services.service.task(session_id)
+            await request.app[SERVICES].service.task(session_id)
         except NotWritableHere:
-            if _is_event_batch(request) and services.cluster is not None:
-                return await _forward_events(services, request, session_id, None)
+            if _is_event_batch(request):
+                return await _forward_events(cluster, request, session_id, None)
             raise HttpError(
                 503, "unavailable", "this instance is not writing cards now; retry", retry_after=1
             ) from None
         except OwnedElsewhere as elsewhere:
-            if _is_event_batch(request) and services.cluster is not None:
-                return await _forward_events(services, request, session_id, elsewhere)
-            return await _forward(services, request, elsewhere)
+            if _is_event_batch(request):
+                return await _forward_events(cluster, request, session_id, elsewhere)
+            return await _forward(cluster, request, elsewhere)
         try:
             return await handler(request)
         except NotWritableHere:  # the card changed hands while the batch was applied: not saved here
-            if _is_event_batch(request) and services.cluster is not None:
-                return await _forward_events(services, request, session_id, None)
+            if _is_event_batch(request):
+                return await _forward_events(cluster, request, session_id, None)
             raise
 
     return middleware
@@ -135,11 +86,13 @@ def _is_event_batch(request: web.Request) -> bool:
     return request.method == "POST" and request.path.endswith("/events")
 
 
-async def _forward(services: Services, request: web.Request, elsewhere: OwnedElsewhere) -> web.StreamResponse:
-    if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None or services.cluster is None:
+async def _forward(
+    cluster: ClusterMode, request: web.Request, elsewhere: OwnedElsewhere
+) -> web.StreamResponse:
+    if request.headers.get(FORWARDED_HEADER) or elsewhere.address is None:
         raise HttpError(503, "unavailable", "the card's writer is changing; retry", retry_after=1)
     try:
-        forwarded: web.StreamResponse = await services.cluster.forwarder.request(request, elsewhere.address)
+        forwarded: web.StreamResponse = await cluster.forwarder.request(request, elsewhere.address)
         return forwarded
     except ForwardFailed as exc:
         log.warning("forwarding %r to %s failed: %s", request.path, elsewhere.owner, exc)
@@ -149,7 +102,7 @@ async def _forward(services: Services, request: web.Request, elsewhere: OwnedEls
 
 
 async def _forward_events(
-    services: Services, request: web.Request, session_id: int, elsewhere: OwnedElsewhere | None
+    cluster: ClusterMode, request: web.Request, session_id: int, elsewhere: OwnedElsewhere | None
 ) -> web.Response:
     """A batch goes to the card's writer; the event log takes it if the writer does not, in time.
 
@@ -157,8 +110,6 @@ async def _forward_events(
     logged copies carry one Idempotency-Key (made up when the runtime sent none): a writer that
     applied the forwarded copy after all skips the logged one.
     """
-    cluster = services.cluster
-    assert cluster is not None
     read = await read_event_batch(request)
     key = read.key or f"fp-forwarded:{uuid.uuid4().hex}"
     body = json.dumps(read.payload, ensure_ascii=False, separators=(",", ":"))
@@ -203,7 +154,7 @@ async def _log_events(cluster: ClusterMode, batch: _EventsToLog) -> web.Response
     return web.json_response(EventsAccepted(accepted=batch.events).json_body(), status=202)
 
 
-def internal_routes(services: Services) -> list[web.RouteDef]:
+def internal_routes() -> list[web.RouteDef]:
     """``POST /internal/v1/clicks``: a click a peer verified and deduplicated, for a card here.
 
     Only a peer may send one: the request must carry the cluster secret's signature (``cluster/trust.py``);
@@ -212,19 +163,19 @@ def internal_routes(services: Services) -> list[web.RouteDef]:
     """
 
     async def clicks(request: web.Request) -> web.Response:
+        services = request.app[SERVICES]
         body = await read_body(request, limit=INTERNAL_CLICK_MAX_BYTES)
         _require_peer(services, request, body)
-        if services.actions is None or services.deduper is None:
-            raise HttpError(503, "unavailable", "starting up", retry_after=1)
         try:
             event = event_from_json(parse_json(body))
         except ValueError as exc:
             raise HttpError(400, "invalid_click", str(exc)) from None
-        if await _seen_here(services.deduper, event):
+        locales = services.settings.card.locales
+        if await _seen_here(services.topology.deduper, event):
             log.info("forwarded click %r is a replay: not applied again", event.event_id[:64])
-            return web.json_response(render_reply(DUPLICATE_REPLY, services.settings.card.locales))
-        reply = await services.actions.handle(event, forwarded=True)
-        return web.json_response(render_reply(reply, services.settings.card.locales))
+            return web.json_response(render_reply(DUPLICATE_REPLY, locales))
+        reply = await forwarded_click(services.actions, services.service.snapshots.load, event)
+        return web.json_response(render_reply(reply, locales))
 
     return [web.post(INTERNAL_CLICKS_PATH, clicks)]
 
@@ -245,20 +196,3 @@ async def _seen_here(deduper: Deduper, event: CardActionEvent) -> bool:
     new_event = await deduper.first_seen(f"forwarded-event:{event.event_id}")
     new_token = await deduper.first_seen(f"forwarded-token:{event.token}")
     return not (new_event and new_token)
-
-
-async def stop_cluster(services: Services) -> bool:
-    """Graceful stop with live peers: hand the cards over instead of flushing them; False: not done."""
-    cluster, apps, service = services.cluster, services.apps, services.service
-    if cluster is None or apps is None or service is None or cluster.lease.live_instances() < 2:
-        return False
-    wait = services.settings.cluster.write_timeout_seconds
-    in_flight: set[str] = set()
-    for flights in await asyncio.gather(*(app.scheduler.stop_and_report(wait) for app in apps)):
-        in_flight |= flights
-    await service.snapshots.flush()
-    released = await cluster.hand_over(in_flight)
-    log.info(
-        "handed %d card(s) over (%d with a write in flight wait out its timeout)", released, len(in_flight)
-    )
-    return True
