@@ -38,6 +38,7 @@ from feishu_progress.errors import ConfigError, StartupRefused
 from feishu_progress.feishu.callback import CallbackReply, CardActionEvent
 from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.observe import write_observer
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
 from feishu_progress.holder import DatabaseHolder
@@ -70,8 +71,11 @@ from feishu_progress.web.load import HeavyGate
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from feishu_progress.sandbox.server import RunningSandbox
     from feishu_progress.sandbox.state import SandboxState
+    from feishu_progress.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +136,13 @@ def create_app(
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     sandbox: RunningSandbox | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> web.Application:
     """The public application; its startup brings up everything else (see module docstring).
 
     ``sandbox``: a sandbox the caller runs itself (the demo) and whose cards the preview page shows.
+    ``tracer_provider``: traces requests and Open API writes (tracing.py, the ``[otel]`` extra); the
+    caller owns it (shuts it down). None: no tracing, and opentelemetry is never imported.
     """
     problems = settings.serving_problems()
     if problems:
@@ -146,6 +153,7 @@ def create_app(
         clock=clock or SystemClock(),
         metrics=Metrics(registry),
         app_specs=app_specs(settings),
+        tracing=_tracing(tracer_provider),
     )
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, MAX_REQUEST_BYTES),
@@ -209,7 +217,17 @@ def _middlewares(services: Services) -> list[Middleware]:
         from feishu_progress.cluster.wiring import writer_routing
 
         middlewares.append(writer_routing(services))
+    if services.tracing is not None:  # outermost: a span sees the answer every other middleware made
+        middlewares.insert(0, services.tracing.middleware(services))
     return middlewares
+
+
+def _tracing(provider: TracerProvider | None) -> Tracing | None:
+    if provider is None:
+        return None
+    from feishu_progress.tracing import Tracing
+
+    return Tracing(provider)
 
 
 def _with_sandbox_callback_keys(settings: Settings) -> Settings:
@@ -339,6 +357,7 @@ async def _open_app(
         clock=clock,
         instance_id=settings.instance_id,
         write_timeout=settings.cluster.write_timeout_seconds if _clustered(services) else None,
+        observer=write_observer(spec.name, spec.feishu.base_url, services.metrics, services.tracing),
     )
     stack.push_async_callback(client.close)
     scheduler = _scheduler(spec, client, clock, services.metrics.for_app(spec.name))

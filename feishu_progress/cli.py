@@ -211,10 +211,13 @@ def _settings() -> Settings:
 
 
 def _serve(settings: Settings) -> int:
+    import os
+
     from aiohttp import web
 
     from feishu_progress.app import create_app
     from feishu_progress.gc_policy import settle_after_startup
+    from feishu_progress.tracing import provider_from_env
 
     problems = settings.serving_problems()
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
@@ -222,7 +225,8 @@ def _serve(settings: Settings) -> int:
     _refuse_unready_database(settings)
     for note in settings.deprecations():
         log.warning("%s", note)
-    app = create_app(settings)
+    provider = provider_from_env(os.environ, instance_id=settings.instance_id)
+    app = create_app(settings, tracer_provider=provider)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     try:
         web.run_app(
@@ -242,6 +246,9 @@ def _serve(settings: Settings) -> int:
             f"feishu-progress: will not serve: cannot listen on {settings.bind_host}:{settings.http.port} "
             f"({exc.strerror or exc}): set FP_HTTP__PORT to a free port (or FP_HTTP__HOST)"
         ) from None
+    finally:
+        if provider is not None:  # the spans still queued go out before the process ends
+            provider.shutdown()
     return 0
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from feishu_progress.runtime.card_actions import CardActions
     from feishu_progress.runtime.service import TaskService
     from feishu_progress.sandbox.server import RunningSandbox
+    from feishu_progress.tracing import Tracing
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Services:
     long_connection: LongConnection | None = None  # only when an app's mode is ws (at most one)
     cluster: ClusterMode | None = None  # only in cluster mode (FP_REDIS_URL)
     holder: DatabaseHolder | None = None  # only in single mode: this process owns the database
+    tracing: Tracing | None = None  # only with a tracer provider (tracing.py, the [otel] extra)
 
     @property
     def client(self) -> FeishuClient | None:
