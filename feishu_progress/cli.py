@@ -87,6 +87,9 @@ def _add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     smoke.add_argument(
         "--url", default=None, help="the service's base URL (default: FP_PUBLIC_URL, else local)"
     )
+    smoke.add_argument(
+        "--app", default=None, help="the app of FP_APPS_FILE that sends the card (default: the default app)"
+    )
     smoke.add_argument("--wait-minutes", type=float, default=5.0, help="how long to wait for your click")
     smoke.add_argument(
         "--auto-answer", action="store_true", help="click as Feishu would (sandbox, CI): no human needed"
@@ -102,6 +105,7 @@ def _smoke(settings: Settings, args: argparse.Namespace) -> int:
         base_url=(args.url or default_base_url(settings)).rstrip("/"),
         wait_minutes=args.wait_minutes,
         auto_answer=args.auto_answer,
+        app=args.app,
     )
     return asyncio.run(run_smoke(settings, options, lambda line: print(line, flush=True)))  # noqa: T201
 
