@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from feishu_progress.errors import FeishuAPIError
 from feishu_progress.metrics import Labelled
@@ -58,11 +58,11 @@ class WriteSpans(Protocol):
 class ObservedWrite:
     """The context of one write request: counts it on exit, and ends its span when there is one."""
 
-    __slots__ = ("_call", "_counts", "_http_status", "_log_id", "_span")
+    __slots__ = ("_call", "_http_status", "_log_id", "_observer", "_span")
 
-    def __init__(self, call: WriteCall, counts: Labelled, span: WriteSpan | None) -> None:
+    def __init__(self, call: WriteCall, observer: WriteObserver, span: WriteSpan | None) -> None:
         self._call = call
-        self._counts = counts
+        self._observer = observer
         self._span = span
         self._http_status: int | None = None
         self._log_id = ""
@@ -80,7 +80,7 @@ class ObservedWrite:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         outcome = _outcome(exc, self._http_status, self._log_id)
-        self._counts.labels(api=self._call.api, result=outcome.result).inc()
+        self._observer.count(self._call.api, outcome.result)
         if self._span is not None:
             self._span.end(outcome)
 
@@ -91,10 +91,18 @@ class WriteObserver:
     def __init__(self, counts: Labelled, spans: WriteSpans | None = None) -> None:
         self._counts = counts
         self._spans = spans
+        # The counter's child per (api, result), looked up once: labels() is most of a count's cost.
+        self._children: dict[tuple[str, str], Any] = {}
 
     def write(self, api: str, method: str, route: str, key: str | None) -> ObservedWrite:
         call = WriteCall(api, method, route, key)
-        return ObservedWrite(call, self._counts, None if self._spans is None else self._spans.start(call))
+        return ObservedWrite(call, self, None if self._spans is None else self._spans.start(call))
+
+    def count(self, api: str, result: str) -> None:
+        child = self._children.get((api, result))
+        if child is None:
+            child = self._children[api, result] = self._counts.labels(api=api, result=result)
+        child.inc()
 
 
 def write_observer(app: str, base_url: str, metrics: Metrics, tracing: Tracing | None) -> WriteObserver:
