@@ -52,6 +52,7 @@ MAX_CARDS = 16_384
 # batches; a card whose writes fail for a while keeps its newest ones.
 MAX_LINKS = 32
 TRACES_PATH = "/v1/traces"
+MAX_PATH_CHARS = 256  # a request's path on its span: ids are short, a made-up path is cut
 OTLP_HTTP = "http/protobuf"
 
 
@@ -165,7 +166,7 @@ class Tracing:
                 return await handler(request)
             route = _route(request)
             with self.tracer.start_as_current_span(
-                f"{request.method} {route}",
+                f"{request.method} {route}" if route else request.method,
                 context=self._propagator.extract(request.headers),
                 kind=SpanKind.SERVER,
                 attributes=_request_attributes(request, route),
@@ -247,18 +248,21 @@ class ClientSpan:
         span.end()
 
 
-def _route(request: web.Request) -> str:
+def _route(request: web.Request) -> str | None:
+    """The matched route (``/v1/tasks/{session_id}``); None for a path no route matched, whose span is
+    named by its method alone (a span name must not carry whatever path a client made up)."""
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else request.path
+    return resource.canonical if resource is not None else None
 
 
-def _request_attributes(request: web.Request, route: str) -> dict[str, str | int]:
+def _request_attributes(request: web.Request, route: str | None) -> dict[str, str | int]:
     attributes: dict[str, str | int] = {
         "http.request.method": request.method,
-        "http.route": route,
-        "url.path": request.path,
+        "url.path": request.path[:MAX_PATH_CHARS],
         "url.scheme": request.scheme,
     }
+    if route is not None:
+        attributes["http.route"] = route
     session_id = parse_id(request.match_info.get("session_id", ""))
     if session_id is not None:
         attributes["fp.session_id"] = session_id

@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
+from feishu_progress.cluster.forward import FORWARDED_HEADER, Forwarder
 from feishu_progress.config import (
     AdminSettings,
     ApiSettings,
@@ -395,3 +396,44 @@ def test_the_app_runs_and_imports_nothing_of_opentelemetry_without_the_extra(tmp
     assert "served without opentelemetry" in run.stdout
     assert "otel modules: []" in run.stdout
     assert "the [otel] extra is not installed" in run.stdout  # said once, serving went on
+
+
+async def test_a_batch_forwarded_to_its_cards_writer_keeps_the_runtimes_traceparent(
+    aiohttp_client: Any,
+) -> None:
+    """Cluster mode: the writer's span of a forwarded batch joins the runtime's trace."""
+    seen: list[dict[str, str]] = []
+
+    async def writer(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({"accepted": 1}, status=202)
+
+    owner = web.Application()
+    owner.router.add_post("/v1/tasks/{session_id}/events", writer)
+    forwarder = Forwarder("fp-a", request_timeout=5, click_timeout=1)
+    await forwarder.open()
+    async with serving(owner) as owner_url:
+
+        async def accept(request: web.Request) -> web.Response:
+            return await forwarder.request(request, owner_url)
+
+        front = web.Application()
+        front.router.add_post("/v1/tasks/{session_id}/events", accept)
+        client: Client = await aiohttp_client(front)
+        headers, trace_id, span_id = runtime_parent(9)
+        answered = await client.post("/v1/tasks/1/events", json={"events": []}, headers=headers)
+        assert answered.status == 202
+    await forwarder.close()
+    assert seen[0]["traceparent"] == f"00-{trace_id:032x}-{span_id:016x}-01"
+    assert seen[0][FORWARDED_HEADER] == "fp-a"
+
+
+async def test_a_path_no_route_matches_is_named_by_its_method_alone(
+    aiohttp_client: Any, sandbox: RunningSandbox, tmp_path: Path, traces: Traces
+) -> None:
+    client = await traced_client(aiohttp_client, sandbox, tmp_path, traces, "patch")
+    made_up = "/v1/" + "x" * 1000
+    assert (await client.get(made_up, headers=AUTH)).status == 404
+    span = await traces.wait_for("GET")
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 404
+    assert "http.route" not in span.attributes and len(str(span.attributes["url.path"])) == 256
