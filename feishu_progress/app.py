@@ -41,6 +41,7 @@ from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import ConfigError, StartupRefused
 from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.observe import write_observer
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
 from feishu_progress.images import ImageFetcher
@@ -72,9 +73,12 @@ from feishu_progress.web.load import HeavyGate
 from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from feishu_progress.feishu.ws import LongConnection
     from feishu_progress.sandbox.server import RunningSandbox
     from feishu_progress.sandbox.state import SandboxState
+    from feishu_progress.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +114,13 @@ def create_app(
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     sandbox: RunningSandbox | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> web.Application:
     """The public application; its startup brings up everything else (see module docstring).
 
     ``sandbox``: a sandbox the caller runs itself (the demo) and whose cards the preview page shows.
+    ``tracer_provider``: traces requests and Open API writes (tracing.py, the ``[otel]`` extra); the
+    caller owns it (shuts it down). None: no tracing, and opentelemetry is never imported.
     """
     problems = settings.serving_problems()
     if problems:
@@ -125,10 +132,11 @@ def create_app(
         metrics=Metrics(registry),
         background=BackgroundTasks(),
         app_specs=tuple(app_specs(settings)),
+        tracing=_tracing(tracer_provider),
     )
     app = web.Application(
         client_max_size=max(settings.callback.max_body_bytes, MAX_REQUEST_BYTES),
-        middlewares=_middlewares(settings),
+        middlewares=_middlewares(settings, setup.tracing),
     )
 
     def started() -> Services:
@@ -180,7 +188,7 @@ async def _end_long_polls(app: web.Application) -> None:
         services.service.action_log.stop_waiting()
 
 
-def _middlewares(settings: Settings) -> list[Middleware]:
+def _middlewares(settings: Settings, tracing: Tracing | None) -> list[Middleware]:
     middlewares: list[Middleware] = [
         json_errors,
         # The contract is not a secret: a client generator reads it before it has a token.
@@ -194,7 +202,17 @@ def _middlewares(settings: Settings) -> list[Middleware]:
         from feishu_progress.cluster.http import writer_routing
 
         middlewares.append(writer_routing())
+    if tracing is not None:  # outermost: a span sees the answer every other middleware made
+        middlewares.insert(0, tracing.middleware())
     return middlewares
+
+
+def _tracing(provider: TracerProvider | None) -> Tracing | None:
+    if provider is None:
+        return None
+    from feishu_progress.tracing import Tracing
+
+    return Tracing(provider)
 
 
 def _with_sandbox_callback_keys(settings: Settings) -> Settings:
@@ -265,11 +283,7 @@ async def _start(app: web.Application, setup: Setup, stack: AsyncExitStack) -> S
     if restored:
         log.info("re-attached %d unfinished task card(s)", restored)
     services = Services(
-        settings=setup.settings,
-        clock=setup.clock,
-        metrics=setup.metrics,
-        background=setup.background,
-        app_specs=setup.app_specs,
+        **{field.name: getattr(setup, field.name) for field in dataclasses.fields(Setup)},
         db=db,
         apps=apps,
         topology=topology,
@@ -349,7 +363,11 @@ async def _open_app(
     """One app's client, scheduler, image uploads and CardKit fallback (apps.py)."""
     settings, clock = setup.settings, setup.clock
     client = await FeishuClient.open(
-        spec.feishu, clock=clock, instance_id=settings.instance_id, write_timeout=topology.write_timeout
+        spec.feishu,
+        clock=clock,
+        instance_id=settings.instance_id,
+        write_timeout=topology.write_timeout,
+        observer=write_observer(spec.name, spec.feishu.base_url, setup.metrics, setup.tracing),
     )
     stack.push_async_callback(client.close)
     # Cluster mode: each app's writes pass the lease and its own shared budget (Redis keys per app_id).

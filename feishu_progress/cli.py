@@ -87,6 +87,9 @@ def _add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     smoke.add_argument(
         "--url", default=None, help="the service's base URL (default: FP_PUBLIC_URL, else local)"
     )
+    smoke.add_argument(
+        "--app", default=None, help="the app of FP_APPS_FILE that sends the card (default: the default app)"
+    )
     smoke.add_argument("--wait-minutes", type=float, default=5.0, help="how long to wait for your click")
     smoke.add_argument(
         "--auto-answer", action="store_true", help="click as Feishu would (sandbox, CI): no human needed"
@@ -102,6 +105,7 @@ def _smoke(settings: Settings, args: argparse.Namespace) -> int:
         base_url=(args.url or default_base_url(settings)).rstrip("/"),
         wait_minutes=args.wait_minutes,
         auto_answer=args.auto_answer,
+        app=args.app,
     )
     return asyncio.run(run_smoke(settings, options, lambda line: print(line, flush=True)))  # noqa: T201
 
@@ -211,10 +215,13 @@ def _settings() -> Settings:
 
 
 def _serve(settings: Settings) -> int:
+    import os
+
     from aiohttp import web
 
     from feishu_progress.app import create_app
     from feishu_progress.gc_policy import settle_after_startup
+    from feishu_progress.tracing import provider_from_env
 
     problems = settings.serving_problems()
     if problems:  # create_app refuses too; saying it here keeps the traceback out of the operator's way
@@ -222,7 +229,8 @@ def _serve(settings: Settings) -> int:
     _refuse_unready_database(settings)
     for note in settings.deprecations():
         log.warning("%s", note)
-    app = create_app(settings)
+    provider = provider_from_env(os.environ, instance_id=settings.instance_id)
+    app = create_app(settings, tracer_provider=provider)
     settle_after_startup(app)  # a process setting: the serving process owns it, not every app a test builds
     try:
         web.run_app(
@@ -242,6 +250,9 @@ def _serve(settings: Settings) -> int:
             f"feishu-progress: will not serve: cannot listen on {settings.bind_host}:{settings.http.port} "
             f"({exc.strerror or exc}): set FP_HTTP__PORT to a free port (or FP_HTTP__HOST)"
         ) from None
+    finally:
+        if provider is not None:  # the spans still queued go out before the process ends
+            provider.shutdown()
     return 0
 
 

@@ -61,8 +61,18 @@ class Metrics:
             ["app", "kind"],
             registry=self.registry,
         )
+        self.app_open_api_writes = Counter(
+            "fp_open_api_writes_total",
+            "Open API writes (each request a card write, send, reply, image upload or CardKit call made), "
+            "by app, API (the budgets' names: send, reply, patch, image, card_create, card_update, "
+            "card_settings, card_content) and result (ok; error: Feishu answered an error; no_answer: "
+            "timeout or connection failure).",
+            ["app", "api", "result"],
+            registry=self.registry,
+        )
         self.patches: Labelled = AppLabelled(self.app_patches, DEFAULT_APP)
         self.rate_limit_hits: Labelled = AppLabelled(self.app_rate_limit_hits, DEFAULT_APP)
+        self.open_api_writes: Labelled = AppLabelled(self.app_open_api_writes, DEFAULT_APP)
         self.delivery_give_ups = Counter(
             "fp_delivery_give_ups_total",
             "Card states the scheduler gave up on (attempts exhausted, card stopped).",
@@ -176,6 +186,7 @@ class Metrics:
         view = copy.copy(self)
         view.patches = AppLabelled(self.app_patches, app)
         view.rate_limit_hits = AppLabelled(self.app_rate_limit_hits, app)
+        view.open_api_writes = AppLabelled(self.app_open_api_writes, app)
         # Gauges each app's scheduler sets on its own: one series per app, never overwritten by another.
         view.pending_cards = self.app_pending_cards.labels(app=app)
         view.breaker_open = self.app_breaker_open.labels(app=app)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from feishu_progress.runtime.service import TaskService
     from feishu_progress.sandbox.server import RunningSandbox
     from feishu_progress.topology import Topology
+    from feishu_progress.tracing import Tracing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +43,7 @@ class Setup:
     metrics: Metrics
     background: BackgroundTasks
     app_specs: tuple[AppSpec, ...]  # the apps configured (apps_file.py)
+    tracing: Tracing | None  # only with a tracer provider (tracing.py, the [otel] extra)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,9 +1,10 @@
-"""``feishu-progress smoke --chat <chat_id>``: a five-step live run through a running ``serve``.
+"""``feishu-progress smoke --chat <chat_id> [--app <name>]``: a five-step live run through ``serve``.
 
 It is the runtime's own path: the runtime API of the running service (FP_API__TOKEN), which writes the
 card to Feishu and receives the click. Steps: send a card; stream text; a subagent and a failing tool;
 streaming off and a question; wait for the operator's click or answer (``--auto-answer``: click as
-Feishu would, signed with the callback keys; for the sandbox and CI); finish. Each step prints the
+Feishu would, signed with the app's callback keys on its route; for the sandbox and CI); finish. ``--app``
+names the app of FP_APPS_FILE that sends the card (default: the default app). Each step prints the
 runtime call, its answer and the time, then whether the card still updates (a Feishu refusal is named
 with its meaning and fix).
 """
@@ -11,18 +12,23 @@ with its meaning and fix).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from feishu_progress.apps import default_app_name
+from feishu_progress.apps_file import app_specs
 from feishu_progress.client import ApiError, FeishuProgressClient
-from feishu_progress.config import Settings
+from feishu_progress.config import FeishuSettings, Settings
 from feishu_progress.doctor.meanings import fix_for, meaning
+from feishu_progress.errors import ConfigError
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
+from feishu_progress.web.callbacks import callback_path
 
 Print = Callable[[str], None]
 POLL_SECONDS = 20.0  # one long-poll; the wait step asks again until its deadline
@@ -58,15 +64,35 @@ class SmokeOptions:
     base_url: str
     wait_minutes: float = 5.0
     auto_answer: bool = False
+    app: str | None = None  # FP_APPS_FILE's app that sends the card; None: the default app
+
+
+@dataclass(frozen=True, slots=True)
+class ClickTarget:
+    """Where ``--auto-answer`` clicks: the app's callback route on the service, with that app's keys."""
+
+    url: str
+    keys: FeishuSettings
+
+
+def click_target(settings: Settings, options: SmokeOptions, environ: Mapping[str, str]) -> ClickTarget:
+    """The app's route and keys (ConfigError naming the apps there are, for an app not configured)."""
+    specs = app_specs(settings, environ)
+    names = [spec.name for spec in specs]
+    name = options.app if options.app is not None else default_app_name(names)
+    for spec in specs:
+        if spec.name == name:
+            return ClickTarget(options.base_url + callback_path(spec.name), spec.feishu)
+    raise ConfigError(f"no app {options.app!r} to click as: the apps are {', '.join(names)} (FP_APPS_FILE)")
 
 
 class Smoke:
     """The steps, and their printing."""
 
     def __init__(
-        self, settings: Settings, options: SmokeOptions, fp: FeishuProgressClient, out: Print
+        self, options: SmokeOptions, fp: FeishuProgressClient, out: Print, clicks: ClickTarget | None
     ) -> None:
-        self.settings, self.options, self.fp, self.out = settings, options, fp, out
+        self.options, self.fp, self.out, self.clicks = options, fp, out, clicks
         self.session_id = 0
         self.message_id = ""
         self.failed = False
@@ -114,9 +140,11 @@ class Smoke:
             receive_id_type="chat_id",
             requester_open_id=self.options.requester_open_id,
             title="feishu-progress smoke",
+            app=self.options.app,
         )
         self.session_id, self.message_id = created.session_id, created.message_id
-        return f"201, message {created.message_id}"
+        sender = f" (app {self.options.app})" if self.options.app else ""
+        return f"201, message {created.message_id}{sender}"
 
     async def stream(self) -> str:
         await self.fp.post_events(self.session_id, [{"type": "status", "status": "RUNNING", "round": 1}])
@@ -134,8 +162,8 @@ class Smoke:
         return f"200, {await self.fp.post_events(self.session_id, [QUESTION])} event (WAITING)"
 
     async def wait_for_click(self) -> str:
-        if self.options.auto_answer:
-            await self._click_cancel()
+        if self.clicks is not None:
+            await self._click_cancel(self.clicks)
         else:
             self.out(
                 f"   → in the chat, on the card 'feishu-progress smoke': answer the question (提交) or click "
@@ -158,8 +186,8 @@ class Smoke:
         await self.fp.post_events(self.session_id, [final])
         return "200, final card"
 
-    async def _click_cancel(self) -> None:
-        feishu = self.settings.feishu
+    async def _click_cancel(self, clicks: ClickTarget) -> None:
+        feishu = clicks.keys
         token = feishu.verification_token.get_secret_value() if feishu.verification_token else ""
         key = feishu.encrypt_key.get_secret_value() if feishu.encrypt_key else None
         payload = card_action_payload(
@@ -173,16 +201,25 @@ class Smoke:
         body, headers = signed_request(payload, encrypt_key=key, now=time.time())
         async with (
             aiohttp.ClientSession() as http,
-            http.post(f"{self.options.base_url}/feishu/callback", data=body, headers=headers) as response,
+            http.post(clicks.url, data=body, headers=headers) as response,
         ):
             self.out(f"   auto-answer: clicked 取消任务 as Feishu would → HTTP {response.status}")
 
 
-async def run_smoke(settings: Settings, options: SmokeOptions, out: Print) -> int:
-    """The five steps; 0 when every step passed and the card kept updating."""
+async def run_smoke(
+    settings: Settings, options: SmokeOptions, out: Print, environ: Mapping[str, str] | None = None
+) -> int:
+    """The five steps; 0 when every step passed and the card kept updating. ``environ``: where the apps
+    file's ``*_env`` keys are read (os.environ when None), for ``--auto-answer``'s keys."""
+    try:
+        environ = os.environ if environ is None else environ
+        clicks = click_target(settings, options, environ) if options.auto_answer else None
+    except ConfigError as exc:
+        out(f"smoke: FAILED: {exc}")
+        return 1
     token = settings.api.token.get_secret_value() if settings.api.token else None
     async with FeishuProgressClient(options.base_url, token) as fp:
-        smoke = Smoke(settings, options, fp, out)
+        smoke = Smoke(options, fp, out, clicks)
         steps: tuple[tuple[str, str, Callable[[], Awaitable[str]]], ...] = (
             ("send a card", "POST /v1/tasks", smoke.create),
             ("stream text", "POST /v1/tasks/{id}/events", smoke.stream),

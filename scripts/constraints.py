@@ -1,4 +1,4 @@
-"""Write constraints.txt to stdout: what pyproject.toml's feishu-progress[dev,lark,cluster] needs, installed.
+"""Write constraints.txt to stdout: what feishu-progress[dev,lark,cluster,otel] needs, as installed.
 
 Run in an environment where the tests just passed (``pip install -e ".[dev]"`` then ``pytest``), so the pins
 are a set known to work; CI and the Dockerfile install with ``-c constraints.txt``. The requirements are
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-EXTRAS = frozenset({"dev", "lark", "cluster"})
+EXTRAS = frozenset({"dev", "lark", "cluster", "otel"})
 HEADER = """\
 # Versions CI and the image install with (pip install -c constraints.txt ...): the set the tests passed on.
 # pyproject.toml keeps the floors (aiohttp >= 3.14.3 is past its published advisories); this file pins.

@@ -300,3 +300,81 @@ async def test_every_app_of_an_apps_file_is_checked_and_a_bad_file_is_a_finding(
     missing = _by_name(await run_doctor(settings, {}))  # its secret's variable is not set
     assert missing["config.apps_file"].status is Status.FAIL
     assert "RESEARCH_SECRET" in missing["config.apps_file"].detail
+
+
+RESEARCH_ID, RESEARCH_SECRET = "cli_doctor_research", "research-secret"
+RESEARCH_ENV = {
+    "DOCTOR_RESEARCH_SECRET": RESEARCH_SECRET,
+    "DOCTOR_RESEARCH_KEY": "research-key",
+    "DOCTOR_RESEARCH_VTOKEN": "research-vt",
+}
+
+
+@pytest.fixture
+async def research(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningSandbox]:
+    """A second app's sandbox ([apps.research] of an apps file), its keys where serve reads them."""
+    for name, value in RESEARCH_ENV.items():
+        monkeypatch.setenv(name, value)
+    config = SandboxConfig(app_id=RESEARCH_ID, app_secret=RESEARCH_SECRET, id_prefix="research")
+    async with run_sandbox(config) as running:
+        yield running
+
+
+def _research_file(tmp_path: Path, base_url: str) -> Path:
+    apps = tmp_path / "research.toml"
+    apps.write_text(
+        f'[apps.research]\napp_id = "{RESEARCH_ID}"\napp_secret_env = "DOCTOR_RESEARCH_SECRET"\n'
+        'encrypt_key_env = "DOCTOR_RESEARCH_KEY"\nverification_token_env = "DOCTOR_RESEARCH_VTOKEN"\n'
+        f'domain = "{base_url}"\n'
+    )
+    return apps
+
+
+async def test_every_webhook_app_is_challenged_on_its_own_route_with_its_own_keys(
+    sandbox: RunningSandbox, research: RunningSandbox, tmp_path: Path
+) -> None:
+    """Two apps on two sandboxes: the default app (FP_FEISHU__*) and [apps.research] of FP_APPS_FILE."""
+    both = _settings(sandbox, tmp_path, apps_file=str(_research_file(tmp_path, research.base_url)))
+    await upgrade(both.database_url)
+    async with serving(create_app(both, registry=CollectorRegistry())) as url:
+        checks = await run_doctor(both.model_copy(update={"public_url": url}), RESEARCH_ENV)
+        named = _by_name(checks)
+        assert _failed(checks) == {}, render_text(checks)
+        assert f"{url}/feishu/callback answered the challenge" in named["callbacks.webhook"].detail
+        assert f"{url}/feishu/callback/research answered" in named["callbacks.research.webhook"].detail
+        assert named["feishu.research.token"].status is Status.OK
+        # Doctor holds another key for research than serve does: only research's check fails.
+        other = {**RESEARCH_ENV, "DOCTOR_RESEARCH_KEY": "not-the-key"}
+        checks = await run_doctor(both.model_copy(update={"public_url": url}), other)
+        refused = _failed(checks)
+        assert set(refused) == {"callbacks.research.webhook"}, render_text(checks)
+        assert "401" in refused["callbacks.research.webhook"].detail
+        assert "[apps.research] encrypt_key_env" in refused["callbacks.research.webhook"].fix
+    # A serve started without the apps file has no research route: named, with the fix.
+    async with serving(create_app(_settings(sandbox, tmp_path), registry=CollectorRegistry())) as url:
+        checks = await run_doctor(both.model_copy(update={"public_url": url}), RESEARCH_ENV)
+    missing = _failed(checks)
+    assert set(missing) == {"callbacks.research.webhook"}, render_text(checks)
+    assert "404" in missing["callbacks.research.webhook"].detail
+    assert "FP_APPS_FILE" in missing["callbacks.research.webhook"].fix
+    assert sandbox.state.messages == {} and research.state.messages == {}  # doctor sent nothing
+
+
+async def test_a_ws_app_of_the_file_opens_its_long_connection_and_webhook_apps_are_warned_without_a_url(
+    sandbox: RunningSandbox, tmp_path: Path
+) -> None:
+    apps = _research_file(tmp_path, sandbox.base_url)
+    apps.write_text(apps.read_text().replace(RESEARCH_ID, APP_ID) + 'mode = "ws"\n')
+    env = {**RESEARCH_ENV, "DOCTOR_RESEARCH_SECRET": APP_SECRET}
+    settings = _settings(sandbox, tmp_path, apps_file=str(apps)).model_copy(
+        update={"feishu": FeishuSettings()}
+    )
+    await upgrade(settings.database_url)
+    named = _by_name(await run_doctor(settings, env))
+    assert named["callbacks.research.long_connection"].status is Status.OK, render_text(list(named.values()))
+    assert "callbacks.webhook" not in named  # no FP_FEISHU__* app: nothing on /feishu/callback to check
+    webhook = _settings(sandbox, tmp_path, apps_file=str(_research_file(tmp_path, sandbox.base_url)))
+    named = _by_name(await run_doctor(webhook, env))
+    assert named["callbacks.webhook"].status is Status.WARN
+    research = named["callbacks.research.webhook"]
+    assert research.status is Status.WARN and "/feishu/callback/research" in research.fix

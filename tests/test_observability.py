@@ -129,6 +129,9 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
     assert (
         sample("fp_budget_minute_use_ratio", {"app": "default", "api": "patch"}) > 0
     )  # the failed tries count
+    # Every write is counted by API (no tracer provider here: counting needs no [otel]).
+    assert sample("fp_open_api_writes_total", {"app": "default", "api": "patch", "result": "error"}) > 0
+    assert sample("fp_open_api_writes_total", {"app": "default", "api": "send", "result": "ok"}) == 1
     sandbox.state.faults.clear()
     async with asyncio.timeout(15):
         while sample("fp_oldest_pending_final_seconds") > 0:  # delivered: nothing waits
@@ -137,6 +140,7 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
         assert ready.status == 200
     assert sample("fp_readiness_ok", {"check": "database"}) == 1
     assert sample("fp_readiness_ok", {"check": "database_holder"}) == 1
+    assert sample("fp_open_api_writes_total", {"api": "patch", "result": "ok"}) >= 1  # the final went out
 
 
 def test_the_alerts_cover_what_operators_are_paged_for_each_with_a_runbook_line() -> None:

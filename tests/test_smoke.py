@@ -15,11 +15,19 @@ from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.smoke import SmokeOptions, run_smoke
 from feishu_progress.web.http import serving
-from tests.test_doctor import APP_ID, APP_SECRET, _settings
+from tests import test_doctor
+from tests.test_doctor import (
+    APP_ID,
+    APP_SECRET,
+    RESEARCH_ENV,
+    _research_file,
+    _settings,
+)
 
 pytestmark = pytest.mark.slow  # a serve subprocess per test
 
 CHAT, REQUESTER = "oc_smoke", "ou_operator"
+research = test_doctor.research  # the second app's sandbox, shared with the doctor tests
 
 
 @pytest.fixture
@@ -80,3 +88,28 @@ async def test_no_click_in_time_fails_the_wait_step(served: tuple[Settings, str]
     text = "\n".join(lines)
     assert "取消任务" in text  # it said what to click
     assert "5. wait for a click or an answer" in text and "no click within" in text
+
+
+async def test_app_sends_the_card_from_that_app_and_clicks_on_its_route(
+    sandbox: RunningSandbox, research: RunningSandbox, tmp_path: Path
+) -> None:
+    """Two apps on two sandboxes: ``--app research`` lands in research's sandbox; the default in the other."""
+    settings = _settings(sandbox, tmp_path, apps_file=str(_research_file(tmp_path, research.base_url)))
+    await upgrade(settings.database_url)
+    async with serving(create_app(settings, registry=CollectorRegistry())) as url:
+        lines: list[str] = []
+        options = SmokeOptions(CHAT, REQUESTER, url, auto_answer=True, app="research")
+        assert await run_smoke(settings, options, lines.append, RESEARCH_ENV) == 0, "\n".join(lines)
+        assert "(app research)" in lines[0] and "the click arrived: cancel" in "\n".join(lines)
+        (message,) = research.state.messages.values()
+        assert "冒烟测试完成" in str(message.card) and sandbox.state.messages == {}
+        default = SmokeOptions(CHAT, REQUESTER, url, auto_answer=True)
+        assert await run_smoke(settings, default, lines.append, RESEARCH_ENV) == 0, "\n".join(lines)
+        (first,) = sandbox.state.messages.values()
+        assert "冒烟测试完成" in str(first.card) and len(research.state.messages) == 1
+        unknown = SmokeOptions(CHAT, REQUESTER, url, auto_answer=True, app="sales")
+        lines.clear()
+        assert await run_smoke(settings, unknown, lines.append, RESEARCH_ENV) == 1
+    assert lines == [
+        "smoke: FAILED: no app 'sales' to click as: the apps are default, research (FP_APPS_FILE)"
+    ]

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-FP-Forwarded-By"
 INTERNAL_CLICKS_PATH = "/internal/v1/clicks"
-_PASSED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key")
+# traceparent/tracestate: the writer's span of a forwarded batch joins the runtime's trace (tracing.py).
+_PASSED_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "traceparent", "tracestate")
 
 
 def event_to_json(event: CardActionEvent) -> dict[str, Any]:

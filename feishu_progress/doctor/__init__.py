@@ -3,7 +3,8 @@
 Doctor reads the same settings as ``serve`` and may run beside it: it takes no lease and no card, sends no
 message, and writes nothing to the database or Redis. Rooms: ``local`` (configuration, database, Redis,
 leases), ``feishu_app`` (one app's token, scopes, clock, rate-limit headroom), ``callbacks`` (can Feishu
-reach us), ``checks`` (the result and its rendering), ``meanings`` (codes → sentences and fixes).
+reach each app's callback route), ``checks`` (the result and its rendering), ``meanings`` (codes →
+sentences and fixes).
 """
 
 from __future__ import annotations
@@ -11,21 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from feishu_progress.apps_file import app_specs
-from feishu_progress.config import DEFAULT_APP, FeishuSettings, Settings
+from feishu_progress.config import Settings
 from feishu_progress.doctor.callbacks import callback_checks
-from feishu_progress.doctor.checks import Check, Status, exit_code, fail, render_json, render_text, warn
+from feishu_progress.doctor.checks import (
+    Check,
+    Status,
+    app_label,
+    exit_code,
+    fail,
+    render_json,
+    render_text,
+    warn,
+)
 from feishu_progress.doctor.feishu_app import check_app
 from feishu_progress.doctor.local import config_checks, database_checks, lease_checks, redis_checks
 from feishu_progress.errors import ConfigError
-
-
-def feishu_apps(settings: Settings, environ: Mapping[str, str]) -> list[tuple[str, FeishuSettings]]:
-    """The apps to check, each with the label its checks carry: ``feishu`` for the default app (FP_FEISHU__*),
-    ``feishu.<name>`` for each other app of FP_APPS_FILE (ConfigError for a bad file)."""
-    return [
-        ("feishu" if spec.name == DEFAULT_APP else f"feishu.{spec.name}", spec.feishu)
-        for spec in app_specs(settings, environ)
-    ]
 
 
 async def run_doctor(settings: Settings, environ: Mapping[str, str]) -> list[Check]:
@@ -46,18 +47,19 @@ async def run_doctor(settings: Settings, environ: Mapping[str, str]) -> list[Che
         )
         return checks
     try:
-        apps = feishu_apps(settings, environ)
+        apps = app_specs(settings, environ)
     except ConfigError as exc:
         return [*checks, fail("config.apps_file", str(exc), "fix FP_APPS_FILE as the message says")]
-    for label, app in apps:
+    for app in apps:
         checks += await check_app(
-            app,
-            label=label,
+            app.feishu,
+            label=app_label("feishu", app.name),
             needs_cardkit=settings.card.transport == "cardkit",
             skew_fail_seconds=float(settings.callback.timestamp_window_seconds),
         )
-    checks += await callback_checks(settings)
+    for app in apps:  # after every app's credentials: a callback failure is rarely about them
+        checks += await callback_checks(settings, app.name, app.feishu)
     return checks
 
 
-__all__ = ["Check", "Status", "exit_code", "feishu_apps", "render_json", "render_text", "run_doctor"]
+__all__ = ["Check", "Status", "exit_code", "render_json", "render_text", "run_doctor"]

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
+from feishu_progress.config import DEFAULT_APP
+
 
 class Status(StrEnum):
     OK = "ok"
@@ -22,6 +24,12 @@ class Check:
     status: Status
     detail: str
     fix: str = ""
+
+
+def app_label(group: str, app: str) -> str:
+    """A check's prefix for ``app``: ``group`` for the default app (FP_FEISHU__*), ``group.<name>`` for each
+    other app of FP_APPS_FILE (``feishu.research.token``, ``callbacks.research.webhook``)."""
+    return group if app == DEFAULT_APP else f"{group}.{app}"
 
 
 def ok(name: str, detail: str) -> Check:

@@ -24,6 +24,7 @@ import aiohttp
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuProgressError, FeishuTransportError
 from feishu_progress.feishu.errors import TOKEN_CODES
+from feishu_progress.feishu.observe import WriteObserver
 from feishu_progress.feishu.retry import FeishuRetryPolicy, with_retries
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.shared_result import shared_work, wait_shared
@@ -34,6 +35,18 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 MESSAGES_PATH = "/open-apis/im/v1/messages"
 IMAGES_PATH = "/open-apis/im/v1/images"
 CARDS_PATH = "/open-apis/cardkit/v1/cards"
+# Every write the client makes, by its budget's name (config.ApiLimits): its method and its route (the
+# path with ids as placeholders), which a span carries as url.template.
+WRITE_ROUTES: dict[str, tuple[str, str]] = {
+    "send": ("POST", MESSAGES_PATH),
+    "reply": ("POST", MESSAGES_PATH + "/{message_id}/reply"),
+    "patch": ("PATCH", MESSAGES_PATH + "/{message_id}"),
+    "image": ("POST", IMAGES_PATH),
+    "card_create": ("POST", CARDS_PATH),
+    "card_update": ("PUT", CARDS_PATH + "/{card_id}"),
+    "card_settings": ("PATCH", CARDS_PATH + "/{card_id}/settings"),
+    "card_content": ("PUT", CARDS_PATH + "/{card_id}/elements/{element_id}/content"),
+}
 DEFAULT_RENEW_MARGIN_SECONDS = 300.0
 DEFAULT_POOL_LIMIT = 64
 # Names the sending instance on Open API calls to anything but Feishu's or Lark's own hosts: the sandbox
@@ -108,8 +121,10 @@ class FeishuClient:
         rng: random.Random | None = None,
         instance_id: str | None = None,
         write_timeout: float | None = None,
+        observer: WriteObserver | None = None,
     ) -> None:
         self._settings = settings
+        self._observer = observer  # counts each write (and traces it when tracing is on)
         # Cluster mode bounds a card write harder: a taker waits this long before its own first write,
         # so a write from an instance that lost the card cannot land after the taker's.
         self._write_timeout = (
@@ -170,7 +185,7 @@ class FeishuClient:
         }
         params = {"receive_id_type": receive_id_type}
         data = await self._retrying(
-            "send", lambda: self._call("POST", MESSAGES_PATH, params=params, body=body)
+            "send", lambda: self._call("send", MESSAGES_PATH, params=params, body=body)
         )
         return _field(data, "message_id")
 
@@ -185,20 +200,21 @@ class FeishuClient:
             "reply_in_thread": in_thread,
         }
         path = f"{MESSAGES_PATH}/{_segment(message_id)}/reply"
-        data = await self._retrying("reply", lambda: self._call("POST", path, body=body))
+        data = await self._retrying("reply", lambda: self._call("reply", path, body=body))
         return _field(data, "message_id")
 
     async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
         """Replace the card of a message this app sent."""
         path = f"{MESSAGES_PATH}/{_segment(message_id)}"
-        await self._call("PATCH", path, body={"content": _card_text(card)}, timeout=self._write_timeout)
+        body = {"content": _card_text(card)}
+        await self._call("patch", path, key=message_id, body=body, timeout=self._write_timeout)
 
     async def create_card_entity(self, card: Mapping[str, Any]) -> str:
         """Create a CardKit card entity from card JSON 2.0; returns its card_id (sent later by reference).
         Not retried here: a failed create leaves nothing behind, the caller decides (PATCH fallback)."""
         body = {"type": "card_json", "data": _card_text(card)}
         # It goes into URL paths later: an answer that is not an id is refused here, like any bad answer.
-        return _segment(_field(await self._call("POST", CARDS_PATH, body=body), "card_id"))
+        return _segment(_field(await self._call("card_create", CARDS_PATH, body=body), "card_id"))
 
     async def update_card_entity(
         self, card_id: str, card: Mapping[str, Any], sequence: int, uuid: str
@@ -206,14 +222,14 @@ class FeishuClient:
         """Replace the whole card of an entity (``sequence`` strictly rising per card)."""
         body = {"card": {"type": "card_json", "data": _card_text(card)}, "sequence": sequence, "uuid": uuid}
         path = f"{CARDS_PATH}/{_segment(card_id)}"
-        await self._call("PUT", path, body=body, timeout=self._write_timeout)
+        await self._call("card_update", path, key=card_id, body=body, timeout=self._write_timeout)
 
     async def set_card_streaming(self, card_id: str, streaming: bool, sequence: int, uuid: str) -> None:
         """Switch an entity's streaming mode; switching it on (again) restarts Feishu's 10-minute window."""
         settings = json.dumps({"config": {"streaming_mode": streaming}}, separators=(",", ":"))
         body = {"settings": settings, "sequence": sequence, "uuid": uuid}
         path = f"{CARDS_PATH}/{_segment(card_id)}/settings"
-        await self._call("PATCH", path, body=body, timeout=self._write_timeout)
+        await self._call("card_settings", path, key=card_id, body=body, timeout=self._write_timeout)
 
     async def stream_card_text(
         self, card_id: str, element_id: str, content: str, sequence: int, uuid: str
@@ -221,7 +237,7 @@ class FeishuClient:
         """Set one text element's full content; a text that extends the old one is typed out."""
         body = {"content": content, "sequence": sequence, "uuid": uuid}
         path = f"{CARDS_PATH}/{_segment(card_id)}/elements/{_segment(element_id)}/content"
-        await self._call("PUT", path, body=body, timeout=self._write_timeout)
+        await self._call("card_content", path, key=card_id, body=body, timeout=self._write_timeout)
 
     async def upload_image(self, data: bytes) -> str:
         """Upload image bytes for use in cards; returns the image_key."""
@@ -236,7 +252,7 @@ class FeishuClient:
             )
             return payload
 
-        result = await self._retrying("image upload", lambda: self._call("POST", IMAGES_PATH, form=form))
+        result = await self._retrying("image upload", lambda: self._call("image", IMAGES_PATH, form=form))
         return _field(result, "image_key")
 
     async def token_ok(self) -> bool:
@@ -255,17 +271,19 @@ class FeishuClient:
 
     async def _call(
         self,
-        method: str,
+        api: str,
         path: str,
         *,
+        key: str | None = None,
         params: Mapping[str, str] | None = None,
         body: Json | None = None,
         form: Callable[[], aiohttp.FormData] | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
     ) -> Json:
+        """One write of ``api`` (WRITE_ROUTES) to ``path``; ``key``: the message or card it writes."""
         token = await self.tokens.get()
         request = functools.partial(
-            self._request, method, path, params=params, body=body, form=form, timeout=timeout
+            self._observed, api, key, path, params=params, body=body, form=form, timeout=timeout
         )
         try:
             return await request(token)
@@ -275,6 +293,14 @@ class FeishuClient:
             log.info("token rejected, refreshing once", extra={"code": exc.code, "log_id": exc.log_id})
             self.tokens.invalidate(token)
             return await request(await self.tokens.get())
+
+    async def _observed(self, api: str, key: str | None, path: str, token: str, **request: Any) -> Json:
+        """The one place a write is observed (observe.py): counted, and traced when tracing is on."""
+        method, route = WRITE_ROUTES[api]
+        if self._observer is None:
+            return await self._request(method, path, token, **request)
+        with self._observer.write(api, method, route, key) as write:
+            return await self._request(method, path, token, answered=write.answered, **request)
 
     async def _request(
         self,
@@ -286,6 +312,7 @@ class FeishuClient:
         body: Json | None = None,
         form: Callable[[], aiohttp.FormData] | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
+        answered: Callable[[int, str], None] | None = None,
     ) -> Json:
         session = self._require_session()
         headers = {**self._instance_headers, **({"Authorization": f"Bearer {token}"} if token else {})}
@@ -301,6 +328,8 @@ class FeishuClient:
                 timeout=timeout or self._timeout,
             ) as response:
                 raw = await response.read()
+                if answered is not None:
+                    answered(response.status, response.headers.get("x-tt-logid", ""))
                 return _unwrap(response, raw)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise FeishuTransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from feishu_progress.config import FeishuSettings, Settings
+from feishu_progress.config import DEFAULT_APP, FeishuSettings, Settings
 from feishu_progress.errors import CallbackRejected
 from feishu_progress.feishu.callback import CardActionEvent, UrlVerification, parse_callback
 from feishu_progress.feishu.pipeline import CallbackPipeline
@@ -30,6 +30,12 @@ from feishu_progress.ports import Clock
 from feishu_progress.web.http import HttpError, json_error, read_body
 
 CALLBACK_PATH = "/feishu/callback"
+
+
+def callback_path(app: str) -> str:
+    """The route an app's console names: ``/feishu/callback`` for ``default``, else its own."""
+    return CALLBACK_PATH if app == DEFAULT_APP else f"{CALLBACK_PATH}/{app}"
+
 
 log = logging.getLogger(__name__)
 
