@@ -187,6 +187,53 @@ async def test_a_deny_click_and_a_timeout_resume_the_graph_unapproved(
     assert "Stopped." in text_of(card)
 
 
+async def test_allow_always_resumes_later_approvals_of_the_tool_without_a_click(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    ran.clear()
+    script = [
+        AIMessage("", tool_calls=[call("deploy", {"env": "staging"}, "a1")]),
+        AIMessage("", tool_calls=[call("deploy", {"env": "prod"}, "a2")]),
+        AIMessage("Both deployed."),
+    ]
+    graph = agent_graph(script, [deploy]).compile(checkpointer=InMemorySaver())
+
+    async def allow_always_once(message_id: str) -> None:
+        answer = await user.press(message_id, "approve_always")
+        assert answer["toast"]["type"] == "success"
+
+    # One click only: a second approval on the card would be denied by the timeout.
+    final, message_id = await run_graph(sandbox_service, graph, allow_always_once, approval_timeout=5.0)
+    assert ran == ["deploy:staging", "deploy:prod"]
+    assert final.values["messages"][-1].content == "Both deployed."
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    assert "审批超时" not in text_of(card) and "已被拒绝" not in text_of(card)
+
+
+@tool
+def drop_table(name: str) -> str:
+    """Asks every time: its interrupt does not offer 始终允许."""
+    decision = interrupt({"type": "approval", "tool_name": "drop_table", "allow_always": False})
+    return f"dropped {name}" if decision["approved"] else "kept"
+
+
+async def test_an_interrupt_may_withhold_allow_always(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    script = [AIMessage("", tool_calls=[call("drop_table", {"name": "t"}, "x1")]), AIMessage("ok")]
+    graph = agent_graph(script, [drop_table]).compile(checkpointer=InMemorySaver())
+    seen: list[int] = []
+
+    async def approve(message_id: str) -> None:
+        card = await user.wait_for(message_id, lambda card: bool(buttons(card, "approve")))
+        seen.append(len(buttons(card, "approve_always")))
+        await user.click(message_id, buttons(card, "approve")[0])
+
+    final, _ = await run_graph(sandbox_service, graph, approve)
+    assert seen == [0]
+    assert [m.content for m in final.values["messages"] if m.type == "tool"] == ["dropped t"]
+
+
 async def test_a_cancel_click_cancels_the_graph_run(
     sandbox_service: SandboxService, user: SandboxUser
 ) -> None:

@@ -14,8 +14,10 @@ checkpointer to be resumed after an ``interrupt()``). What becomes what:
 * a subgraph (a namespace ``node:<task id>``) → a running subagent titled with its node's name; each of
   its model messages → its next round; it ends when its parent node's update arrives;
 * ``interrupt(value)`` → the card asks, then the graph resumes with ``Command(resume=answer)``:
-  ``{"type": "approval", "tool_name", "summary"?}`` → 同意 / 拒绝, resumed with
-  ``{"approved": bool, "reason": str}`` (the timeout: ``approved`` false, the reason says so);
+  ``{"type": "approval", "tool_name", "summary"?, "allow_always"?}`` → 同意 / 拒绝 / 始终允许(本任务)
+  (unless ``allow_always`` is false), resumed with ``{"approved": bool, "reason": str, "always":
+  bool}`` (the timeout: ``approved`` false, the reason says so); after 始终允许(本任务) the adapter
+  resumes every later approval interrupt of that ``tool_name`` in the task at once, approved;
   ``{"question", "options"?, "multiSelect"?}`` → the form, resumed with the chosen labels joined by
   ", " (or the typed text); ``{"questions": [...]}`` → resumed with one ``{"question",
   "selectedLabels", "customInput"}`` per question; a string → a free-text question, resumed with the
@@ -127,9 +129,10 @@ class _Mapper:
         self.asked += 1
         key = f"interrupt-{self.asked}"
         if isinstance(value, Mapping) and value.get("type") == "approval":
-            approval = Approval(key, str(value.get("tool_name") or "tool"), _text(value.get("summary", "")))
+            tool, summary = str(value.get("tool_name") or "tool"), _text(value.get("summary", ""))
+            approval = Approval(key, tool, summary, allow_always=value.get("allow_always") is not False)
             decision = (await self.card.decide([approval]))[0]
-            return {"approved": decision.approved, "reason": decision.reason}
+            return {"approved": decision.approved, "reason": decision.reason, "always": decision.always}
         questions = _questions(value)
         answers = await self.card.ask(key, questions)
         if answers is None:
