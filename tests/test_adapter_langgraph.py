@@ -251,6 +251,22 @@ async def test_a_cancel_click_cancels_the_graph_run(
     await user.wait_for(message_id, lambda card: state_of(card) == "已取消")
 
 
+async def test_text_blocks_are_shown_and_reasoning_blocks_are_not(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    thought = {"type": "reasoning", "reasoning": "the user wants a haiku"}
+    blocks = [thought, {"type": "text", "text": "Here is the haiku."}]
+    graph = agent_graph([AIMessage(content=blocks)], []).compile(checkpointer=InMemorySaver())
+
+    async def idle(message_id: str) -> None:
+        return None
+
+    _, message_id = await run_graph(sandbox_service, graph, idle)
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    assert "Here is the haiku." in text_of(card) and 'haiku"' not in text_of(card)
+    assert "the user wants" not in text_of(card)
+
+
 @tool
 async def research(topic: str) -> str:
     """Slow research: the card shows the subagent meanwhile."""

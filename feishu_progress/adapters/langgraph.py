@@ -8,7 +8,8 @@
 The graph is streamed with ``stream_mode=["messages", "updates"]`` and ``subgraphs=True`` (it needs a
 checkpointer to be resumed after an ``interrupt()``). What becomes what:
 
-* a chat model's message chunks → ``content_delta`` (the root graph's only);
+* a chat model's message chunks → ``content_delta`` (the root graph's only; their text blocks, when the
+  content is a list of blocks);
 * an ``AIMessage``'s ``tool_calls`` → tool lines; each ``ToolMessage`` → its result (``status="error"``
   → the line's failure with the message's text);
 * a subgraph (a namespace ``node:<task id>``) → a running subagent titled with its node's name; each of
@@ -23,6 +24,9 @@ checkpointer to be resumed after an ``interrupt()``). What becomes what:
   "selectedLabels", "customInput"}`` per question; a string → a free-text question, resumed with the
   text. Unanswered (timeout, cancel): resumed with None.
 * 取消任务 → the streaming task is cancelled; the card ends CANCELLED.
+
+Not shown: reasoning / thinking content blocks (the runtime API has no thinking event and the card no
+place for one).
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ class _Mapper:
     async def _message(self, namespace: tuple[str, ...], message: Any) -> None:
         if namespace:
             return  # a subagent's text stays off the task's content; its rounds show its progress
-        if isinstance(message, AIMessage | AIMessageChunk) and isinstance(message.content, str):
-            await self.card.text(message.content)
+        if isinstance(message, AIMessage | AIMessageChunk):
+            await self.card.text(str(message.text))  # text blocks only: reasoning blocks stay off
 
     async def _updates(self, namespace: tuple[str, ...], chunk: Mapping[str, Any]) -> list[Interrupt]:
         if namespace:
