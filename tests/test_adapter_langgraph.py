@@ -211,27 +211,38 @@ async def test_allow_always_resumes_later_approvals_of_the_tool_without_a_click(
 
 
 @tool
-def drop_table(name: str) -> str:
-    """Asks every time: its interrupt does not offer 始终允许."""
-    decision = interrupt({"type": "approval", "tool_name": "drop_table", "allow_always": False})
-    return f"dropped {name}" if decision["approved"] else "kept"
+def deploy_prod(env: str) -> str:
+    """Production: asked every time (no 始终允许), even once deploy was allowed always."""
+    value = {"type": "approval", "tool_name": "deploy", "summary": f"PROD {env}", "allow_always": False}
+    decision = interrupt(value)
+    return f"deployed to {env}" if decision["approved"] else "kept"
 
 
-async def test_an_interrupt_may_withhold_allow_always(
+async def test_an_interrupt_may_withhold_allow_always_and_is_then_asked_every_time(
     sandbox_service: SandboxService, user: SandboxUser
 ) -> None:
-    script = [AIMessage("", tool_calls=[call("drop_table", {"name": "t"}, "x1")]), AIMessage("ok")]
-    graph = agent_graph(script, [drop_table]).compile(checkpointer=InMemorySaver())
-    seen: list[int] = []
+    ran.clear()
+    script = [
+        AIMessage("", tool_calls=[call("deploy", {"env": "staging"}, "w1")]),
+        AIMessage("", tool_calls=[call("deploy_prod", {"env": "eu"}, "w2")]),
+        AIMessage("ok"),
+    ]
+    graph = agent_graph(script, [deploy, deploy_prod]).compile(checkpointer=InMemorySaver())
+    offered: list[int] = []
 
-    async def approve(message_id: str) -> None:
-        card = await user.wait_for(message_id, lambda card: bool(buttons(card, "approve")))
-        seen.append(len(buttons(card, "approve_always")))
+    async def always_then_approve(message_id: str) -> None:
+        await user.press(message_id, "approve_always")
+        card = await user.wait_for(message_id, lambda card: "PROD eu" in text_of(card))
+        offered.append(len(buttons(card, "approve_always")))
         await user.click(message_id, buttons(card, "approve")[0])
 
-    final, _ = await run_graph(sandbox_service, graph, approve)
-    assert seen == [0]
-    assert [m.content for m in final.values["messages"] if m.type == "tool"] == ["dropped t"]
+    final, _ = await run_graph(sandbox_service, graph, always_then_approve)
+    assert offered == [0]  # asked again, without the button, although the user allowed "deploy" always
+    assert ran == ["deploy:staging"]
+    assert [m.content for m in final.values["messages"] if m.type == "tool"] == [
+        "deployed to staging",
+        "deployed to eu",
+    ]
 
 
 async def test_a_cancel_click_cancels_the_graph_run(

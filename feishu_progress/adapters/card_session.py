@@ -11,8 +11,9 @@ the card leaves WAITING and the tool line says why (``tool.approval.timed_out``)
 
 始终允许(本任务) (allow always for this task): an approval offers it unless the adapter says otherwise
 (``Approval.allow_always``). The session keeps the rule itself: once clicked for a tool, every later
-approval of that tool in this task is approved without asking (one waiting at the same moment too), so
-every adapter can honour it; an adapter also hands it to its SDK where the SDK keeps such rules.
+approval of that tool in this task that offers it is approved without asking (one waiting at the same
+moment too), so every adapter can honour it; an adapter also hands it to its SDK where the SDK keeps
+such rules. An approval with ``allow_always=False`` is asked every time.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class CardSession:
         self.cancelled = asyncio.Event()
         self._events = fp.event_stream(session_id)
         self._waiting: dict[str, asyncio.Future[UserAction | None]] = {}
-        self._waiting_tools: dict[str, str] = {}  # approval_id → tool, of the approvals waiting
+        self._waiting_tools: dict[str, str] = {}  # approval_id → tool, of those waiting that offer always
         self.always_allowed: set[str] = set()  # tools the user allowed for the rest of the task
         self._cancel_callbacks: list[Callable[[], object]] = []
         self._reader: asyncio.Task[None] | None = None
@@ -167,14 +168,16 @@ class CardSession:
     async def decide(self, approvals: Sequence[Approval]) -> list[Decision]:
         """Show the approvals on the card and wait for each click, until the timeout denies the rest.
 
-        A tool the user allowed always (始终允许(本任务)) earlier in the task is approved without asking.
+        A tool the user allowed always (始终允许(本任务)) earlier in the task is approved without asking,
+        unless this approval withholds the offer (``allow_always=False``: asked every time).
         """
-        asked = [approval for approval in approvals if approval.tool_name not in self.always_allowed]
+        asked = [a for a in approvals if not (a.allow_always and a.tool_name in self.always_allowed)]
         if not asked:
             return [ALLOWED_ALWAYS for _ in approvals]
         waits = [self._wait_for(approval.approval_id) for approval in asked]
         for approval in asked:
-            self._waiting_tools[approval.approval_id] = approval.tool_name
+            if approval.allow_always:
+                self._waiting_tools[approval.approval_id] = approval.tool_name
             await self._events.add(_approval_event(approval))
         actions = dict(
             zip([approval.approval_id for approval in asked], await self._gather(waits), strict=True)

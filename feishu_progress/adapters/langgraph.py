@@ -18,7 +18,8 @@ checkpointer to be resumed after an ``interrupt()``). What becomes what:
   ``{"type": "approval", "tool_name", "summary"?, "allow_always"?}`` → 同意 / 拒绝 / 始终允许(本任务)
   (unless ``allow_always`` is false), resumed with ``{"approved": bool, "reason": str, "always":
   bool}`` (the timeout: ``approved`` false, the reason says so); after 始终允许(本任务) the adapter
-  resumes every later approval interrupt of that ``tool_name`` in the task at once, approved;
+  resumes every later approval interrupt of that ``tool_name`` in the task at once, approved (one with
+  ``"allow_always": false`` is asked every time);
   ``{"question", "options"?, "multiSelect"?}`` → the form, resumed with the chosen labels joined by
   ", " (or the typed text); ``{"questions": [...]}`` → resumed with one ``{"question",
   "selectedLabels", "customInput"}`` per question; a string → a free-text question, resumed with the
