@@ -22,23 +22,18 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
 
-import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
-import uuid  # noqa: E402
 from collections.abc import AsyncIterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-import aiohttp  # noqa: E402
 from claude_agent_sdk import ClaudeAgentOptions, Transport  # noqa: E402
 
-from feishu_progress.adapters import open_card  # noqa: E402
+from feishu_progress.adapters import CardSession  # noqa: E402
 from feishu_progress.adapters.claude import run_on_card  # noqa: E402
-from feishu_progress.adapters.sandbox_user import SandboxUser  # noqa: E402
-from feishu_progress.client import FeishuProgressClient  # noqa: E402
+from feishu_progress.adapters.example_main import run_example  # noqa: E402
 
-CHAT, REQUESTER = "oc_example_chat", "ou_example_user"
 PROMPT = "Count the Python files here, then ask me which report format I want."
 QUESTION = {"question": "Report format?", "header": "Format", "multiSelect": False,
             "options": [{"label": "Table", "description": "one row per directory"},
@@ -118,44 +113,11 @@ class OfflineClaude(Transport):
                    "is_error": False, "num_turns": 2, "session_id": "offline", "result": text})  # fmt: skip
 
 
-async def main(args: argparse.Namespace) -> int:
-    base_url = os.environ.get("FEISHU_PROGRESS_URL", "http://127.0.0.1:8000").rstrip("/")
-    token = os.environ.get("FEISHU_PROGRESS_TOKEN") or os.environ.get("FP_API__TOKEN") or None
-    offline = args.offline or not os.environ.get("ANTHROPIC_API_KEY")
-    workdir = tempfile.mkdtemp(prefix="claude-example-")
-    options = ClaudeAgentOptions(cwd=workdir)
-    async with aiohttp.ClientSession() as http:
-        user = SandboxUser(http, base_url, token)
-        clicking: asyncio.Task[None] | None = None
-        async with (
-            FeishuProgressClient(base_url, token) as fp,
-            open_card(fp, receive_id=CHAT, requester_open_id=REQUESTER, title="Claude Agent SDK example",
-                      idempotency_key=f"cl-{uuid.uuid4()}", approval_timeout=args.answer_timeout) as card,
-        ):  # fmt: skip
-            print(f"task {card.session_id}: card message {card.message_id}", flush=True)
-            if args.auto_answer and card.message_id:
-                clicking = asyncio.create_task(user.auto_answer(card.message_id))
-            result = await run_on_card(card, PROMPT, options, transport=OfflineClaude() if offline else None)
-            print(f"result: {result.result if result else None}", flush=True)
-        if clicking is not None:
-            await asyncio.wait_for(clicking, 30)
-    async with FeishuProgressClient(base_url, token) as fp:
-        view = await fp.get_task(card.session_id)
-    print(f"task {view.session_id} finished: {view.status.value}", flush=True)
-    return 0 if view.status.value == "COMPLETED" else 1
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--offline", action="store_true", help="a scripted CLI instead of Claude Code")
-    parser.add_argument(
-        "--auto-answer", action="store_true", help="answer through the sandbox's click endpoint"
-    )
-    parser.add_argument(
-        "--answer-timeout", type=float, default=600.0, help="seconds before a request is denied"
-    )
-    return parser.parse_args(argv)
+async def run(card: CardSession, offline: bool) -> object:
+    options = ClaudeAgentOptions(cwd=tempfile.mkdtemp(prefix="claude-example-"))
+    result = await run_on_card(card, PROMPT, options, transport=OfflineClaude() if offline else None)
+    return result.result if result else None
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args(sys.argv[1:]))))
+    sys.exit(run_example(__doc__ or "", run, title="Claude Agent SDK example", key_env="ANTHROPIC_API_KEY"))

@@ -6,7 +6,7 @@
 
 With ``OPENAI_API_KEY`` set and ``langchain-openai`` installed (and no ``--offline``) a real chat model
 drives the graph; ``--offline`` plays a scripted chat model that emits the same tool calls. The
-``deploy`` tool calls ``interrupt({"type": "approval", ...})`` (the card shows 同意 / 拒绝) and the
+``deploy`` tool calls ``interrupt({"type": "approval", ...})`` (同意 / 始终允许(本任务) / 拒绝) and the
 ``ask_format`` tool interrupts with a question (the card shows a form). ``--auto-answer`` approves and
 picks the first option through the sandbox's signed-click endpoint. Configuration:
 ``FEISHU_PROGRESS_URL`` (default http://127.0.0.1:8000), ``FEISHU_PROGRESS_TOKEN`` (default FP_API__TOKEN).
@@ -14,15 +14,11 @@ picks the first option through the sandbox's signed-click endpoint. Configuratio
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
 import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -32,12 +28,9 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 
-from feishu_progress.adapters import open_card
+from feishu_progress.adapters import CardSession
+from feishu_progress.adapters.example_main import run_example
 from feishu_progress.adapters.langgraph import run_on_card
-from feishu_progress.adapters.sandbox_user import SandboxUser
-from feishu_progress.client import FeishuProgressClient
-
-CHAT, REQUESTER = "oc_example_chat", "ou_example_user"
 
 
 @tool
@@ -107,45 +100,14 @@ def build_graph(model: Any) -> Any:
     return graph.compile(checkpointer=InMemorySaver())  # interrupts need a checkpointer to resume
 
 
-async def main(args: argparse.Namespace) -> int:
-    base_url = os.environ.get("FEISHU_PROGRESS_URL", "http://127.0.0.1:8000").rstrip("/")
-    token = os.environ.get("FEISHU_PROGRESS_TOKEN") or os.environ.get("FP_API__TOKEN") or None
-    offline = args.offline or not os.environ.get("OPENAI_API_KEY")
+async def run(card: CardSession, offline: bool) -> object:
     graph = build_graph(scripted_model() if offline else real_model())
     config = {"configurable": {"thread_id": uuid.uuid4().hex}}
-    async with aiohttp.ClientSession() as http:
-        user = SandboxUser(http, base_url, token)
-        clicking: asyncio.Task[None] | None = None
-        async with (
-            FeishuProgressClient(base_url, token) as fp,
-            open_card(fp, receive_id=CHAT, requester_open_id=REQUESTER, title="LangGraph example",
-                      idempotency_key=f"lg-{uuid.uuid4()}", approval_timeout=args.answer_timeout) as card,
-        ):  # fmt: skip
-            print(f"task {card.session_id}: card message {card.message_id}", flush=True)
-            if args.auto_answer and card.message_id:
-                clicking = asyncio.create_task(user.auto_answer(card.message_id))
-            await run_on_card(
-                card, graph, {"messages": [("user", "Test, deploy to staging, notes.")]}, config
-            )
-        if clicking is not None:
-            await asyncio.wait_for(clicking, 30)
-    async with FeishuProgressClient(base_url, token) as fp:
-        view = await fp.get_task(card.session_id)
-    print(f"task {view.session_id} finished: {view.status.value}", flush=True)
-    return 0 if view.status.value == "COMPLETED" else 1
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--offline", action="store_true", help="a scripted chat model instead of a real one")
-    parser.add_argument(
-        "--auto-answer", action="store_true", help="answer through the sandbox's click endpoint"
+    state = await run_on_card(
+        card, graph, {"messages": [("user", "Test, deploy to staging, notes.")]}, config
     )
-    parser.add_argument(
-        "--answer-timeout", type=float, default=600.0, help="seconds before a question is dropped"
-    )
-    return parser.parse_args(argv)
+    return state.values["messages"][-1].content if state is not None else None
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args(sys.argv[1:]))))
+    sys.exit(run_example(__doc__ or "", run, title="LangGraph example", key_env="OPENAI_API_KEY"))

@@ -105,6 +105,8 @@ class PendingApproval:
     approval_id: str
     tool_name: str
     summary: str = ""
+    # The runtime can honour 始终允许(本任务): later calls of this tool in the task need no approval.
+    allow_always: bool = False
 
 
 class Notice(StrEnum):
@@ -114,6 +116,7 @@ class Notice(StrEnum):
     RETRYING = "retrying"  # 正在重试…
     ANSWERS_SUBMITTED = "answers_submitted"  # 已提交回答
     APPROVED = "approved"
+    APPROVED_ALWAYS = "approved_always"  # approved, and the tool is not asked about again in the task
     DENIED = "denied"
 
 

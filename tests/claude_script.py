@@ -61,9 +61,16 @@ QUESTION = {
 class ScriptedClaude(Transport):
     """Plays one session: a Bash call needing permission, an AskUserQuestion, a Task subagent."""
 
-    def __init__(self, *, partial: bool = False, parallel: bool = False) -> None:
+    def __init__(
+        self, *, partial: bool = False, parallel: bool = False, repeat: bool = False, keep_rules: bool = True
+    ) -> None:
         self.partial = partial  # also stream the first text as deltas (include_partial_messages)
         self.parallel = parallel  # instead: two guarded tool calls asking at the same time
+        self.repeat = repeat  # instead: two Bash calls one after the other (allow always)
+        # As Claude Code does: a session rule the SDK's answer added lets the tool run without asking.
+        # False: a CLI that asks again anyway (a rule it could not apply).
+        self.keep_rules = keep_rules
+        self.session_rules: set[str] = set()
         self.out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.responses: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.interrupted = asyncio.Event()
@@ -122,11 +129,17 @@ class ScriptedClaude(Transport):
             raise asyncio.CancelledError
         answer = future.result()
         self.permission_answers.append(answer)
+        for update in answer.get("updatedPermissions") or []:
+            if self.keep_rules and update.get("type") == "addRules" and update.get("behavior") == "allow":
+                self.session_rules.update(rule["toolName"] for rule in update.get("rules", []))
         return answer
 
     async def play(self) -> None:
         try:
-            await (self._parallel_session() if self.parallel else self._session())
+            if self.repeat:
+                await self._repeated_session()
+            else:
+                await (self._parallel_session() if self.parallel else self._session())
         except asyncio.CancelledError:
             await self.out.put(result(error=True, text="interrupted"))
 
@@ -167,6 +180,19 @@ class ScriptedClaude(Transport):
         await put(tool_result("s1", "The card builder drops the footer."))
         await put(assistant(text("All done.")))
         await put(result())
+
+    async def _repeated_session(self) -> None:
+        for index, command in enumerate(["make build", "make test"]):
+            tool_id = f"b{index}"
+            await self.out.put(assistant(tool_use(tool_id, "Bash", {"command": command})))
+            allowed = "Bash" in self.session_rules
+            if not allowed:
+                answer = await self.ask_permission(f"p-{tool_id}", "Bash", {"command": command}, tool_id)
+                allowed = answer.get("behavior") == "allow"
+            await self.out.put(
+                tool_result(tool_id, f"{command}: ok" if allowed else "denied", error=not allowed)
+            )
+        await self.out.put(result())
 
     async def _parallel_session(self) -> None:
         calls = [("w1", "Write", {"file_path": "a.txt", "content": "a"}), ("w2", "Bash", {"command": "make"})]

@@ -154,3 +154,39 @@ async def test_parallel_permission_requests_each_wait_for_their_own_click(
     result, _ = await run_claude(sandbox_service, claude, approve_one_by_one)
     assert left == [1]
     assert result is not None and [a["behavior"] for a in claude.permission_answers] == ["allow", "allow"]
+
+
+SESSION_RULE = {
+    "type": "addRules",
+    "destination": "session",
+    "rules": [{"toolName": "Bash"}],
+    "behavior": "allow",
+}
+
+
+@pytest.mark.parametrize("keep_rules", [True, False], ids=["cli-keeps-the-rule", "cli-asks-again"])
+async def test_allow_always_adds_a_session_rule_and_the_next_call_needs_no_click(
+    sandbox_service: SandboxService, user: SandboxUser, keep_rules: bool
+) -> None:
+    claude = ScriptedClaude(repeat=True, keep_rules=keep_rules)
+    offered: list[str] = []
+
+    async def allow_always_once(message_id: str) -> None:
+        card = await user.wait_for(message_id, lambda card: bool(buttons(card, "approve_always")))
+        offered.append(text_of(card))
+        answer = await user.click(message_id, buttons(card, "approve_always")[0])
+        assert answer["toast"]["content"] == "已同意,本任务内此工具不再询问"
+
+    # One click only: a second approval on the card would be denied by the timeout.
+    result, message_id = await run_claude(sandbox_service, claude, allow_always_once, approval_timeout=5.0)
+    assert result is not None and not result.is_error
+    assert "始终允许(本任务)" in offered[0]
+    first = claude.permission_answers[0]
+    assert first["behavior"] == "allow" and first["updatedPermissions"] == [SESSION_RULE]
+    if keep_rules:  # Claude Code runs the tool under the rule: no second request
+        assert len(claude.permission_answers) == 1
+    else:  # asked again: the card session answers from the rule it keeps, without a card approval
+        assert [answer["behavior"] for answer in claude.permission_answers] == ["allow", "allow"]
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    text = text_of(card)
+    assert "make test" in text and "失败" not in text and "审批超时" not in text, text

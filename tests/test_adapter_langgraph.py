@@ -187,6 +187,64 @@ async def test_a_deny_click_and_a_timeout_resume_the_graph_unapproved(
     assert "Stopped." in text_of(card)
 
 
+async def test_allow_always_resumes_later_approvals_of_the_tool_without_a_click(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    ran.clear()
+    script = [
+        AIMessage("", tool_calls=[call("deploy", {"env": "staging"}, "a1")]),
+        AIMessage("", tool_calls=[call("deploy", {"env": "prod"}, "a2")]),
+        AIMessage("Both deployed."),
+    ]
+    graph = agent_graph(script, [deploy]).compile(checkpointer=InMemorySaver())
+
+    async def allow_always_once(message_id: str) -> None:
+        answer = await user.press(message_id, "approve_always")
+        assert answer["toast"]["type"] == "success"
+
+    # One click only: a second approval on the card would be denied by the timeout.
+    final, message_id = await run_graph(sandbox_service, graph, allow_always_once, approval_timeout=5.0)
+    assert ran == ["deploy:staging", "deploy:prod"]
+    assert final.values["messages"][-1].content == "Both deployed."
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    assert "审批超时" not in text_of(card) and "已被拒绝" not in text_of(card)
+
+
+@tool
+def deploy_prod(env: str) -> str:
+    """Production: asked every time (no 始终允许), even once deploy was allowed always."""
+    value = {"type": "approval", "tool_name": "deploy", "summary": f"PROD {env}", "allow_always": False}
+    decision = interrupt(value)
+    return f"deployed to {env}" if decision["approved"] else "kept"
+
+
+async def test_an_interrupt_may_withhold_allow_always_and_is_then_asked_every_time(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    ran.clear()
+    script = [
+        AIMessage("", tool_calls=[call("deploy", {"env": "staging"}, "w1")]),
+        AIMessage("", tool_calls=[call("deploy_prod", {"env": "eu"}, "w2")]),
+        AIMessage("ok"),
+    ]
+    graph = agent_graph(script, [deploy, deploy_prod]).compile(checkpointer=InMemorySaver())
+    offered: list[int] = []
+
+    async def always_then_approve(message_id: str) -> None:
+        await user.press(message_id, "approve_always")
+        card = await user.wait_for(message_id, lambda card: "PROD eu" in text_of(card))
+        offered.append(len(buttons(card, "approve_always")))
+        await user.click(message_id, buttons(card, "approve")[0])
+
+    final, _ = await run_graph(sandbox_service, graph, always_then_approve)
+    assert offered == [0]  # asked again, without the button, although the user allowed "deploy" always
+    assert ran == ["deploy:staging"]
+    assert [m.content for m in final.values["messages"] if m.type == "tool"] == [
+        "deployed to staging",
+        "deployed to eu",
+    ]
+
+
 async def test_a_cancel_click_cancels_the_graph_run(
     sandbox_service: SandboxService, user: SandboxUser
 ) -> None:
@@ -202,6 +260,22 @@ async def test_a_cancel_click_cancels_the_graph_run(
     final, message_id = await run_graph(sandbox_service, graph, cancel)
     assert final is None and "deploy:prod" not in ran
     await user.wait_for(message_id, lambda card: state_of(card) == "已取消")
+
+
+async def test_text_blocks_are_shown_and_reasoning_blocks_are_not(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    thought = {"type": "reasoning", "reasoning": "the user wants a haiku"}
+    blocks = [thought, {"type": "text", "text": "Here is the haiku."}]
+    graph = agent_graph([AIMessage(content=blocks)], []).compile(checkpointer=InMemorySaver())
+
+    async def idle(message_id: str) -> None:
+        return None
+
+    _, message_id = await run_graph(sandbox_service, graph, idle)
+    card = await user.wait_for(message_id, lambda card: state_of(card) == "已完成")
+    assert "Here is the haiku." in text_of(card) and 'haiku"' not in text_of(card)
+    assert "the user wants" not in text_of(card)
 
 
 @tool

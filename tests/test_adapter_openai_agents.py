@@ -130,6 +130,58 @@ async def test_an_approve_click_runs_the_tool_and_the_card_shows_text_tools_and_
     assert "deploy" in text and "lookup" in text
 
 
+async def test_allow_always_approves_the_tool_for_the_rest_of_the_run(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    ran.clear()
+    script = [
+        [function_call("deploy", {"env": "staging"}, call_id="d1")],
+        [function_call("deploy", {"env": "prod"}, call_id="d2")],
+        [assistant_message("Both deployed.")],
+    ]
+    # One click only: a second approval on the card would be denied by the timeout.
+    async with on_card(sandbox_service, approval_timeout=5.0) as session:
+        asked: list[list[str]] = []
+        decide = session.decide
+
+        async def counted(approvals: Any) -> Any:
+            asked.append([approval.tool_name for approval in approvals])
+            return await decide(approvals)
+
+        session.decide = counted  # type: ignore[method-assign]
+
+        async def allow_always(message_id: str) -> None:
+            answer = await user.press(message_id, "approve_always")
+            assert answer["toast"]["type"] == "success"
+
+        result = await run_while(session, agent_with(script), allow_always)
+    assert result.final_output == "Both deployed."
+    assert ran == ["deploy:staging", "deploy:prod"]
+    assert asked == [["deploy"]]  # the SDK kept the rule (always_approve): the second call did not interrupt
+    card = await user.wait_for(session.message_id or "", lambda card: state_of(card) == "已完成")
+    assert "审批超时" not in text_of(card) and "已被拒绝" not in text_of(card)
+
+
+async def test_allow_always_on_one_of_two_waiting_calls_of_a_tool_approves_both(
+    sandbox_service: SandboxService, user: SandboxUser
+) -> None:
+    ran.clear()
+    both = [
+        function_call("deploy", {"env": "eu"}, call_id="p1"),
+        function_call("deploy", {"env": "us"}, call_id="p2"),
+    ]
+    script = [both, [assistant_message("Both regions.")]]
+    async with on_card(sandbox_service, approval_timeout=5.0) as session:
+
+        async def allow_always_on_the_first(message_id: str) -> None:
+            card = await user.wait_for(message_id, lambda card: len(buttons(card, "approve_always")) == 2)
+            await user.click(message_id, buttons(card, "approve_always")[0])
+
+        result = await run_while(session, agent_with(script), allow_always_on_the_first)
+    assert result.final_output == "Both regions."
+    assert sorted(ran) == ["deploy:eu", "deploy:us"]
+
+
 async def test_a_deny_click_rejects_the_call_and_the_model_is_told(
     sandbox_service: SandboxService, user: SandboxUser
 ) -> None:

@@ -13,7 +13,7 @@ from feishu_progress.runtime.responses import Answer, AnswersPayload
 REPO = Path(__file__).resolve().parent.parent
 SDK_PACKAGES = ("agents", "langgraph", "langchain_core", "claude_agent_sdk")
 CORE = ["feishu_progress.app", "feishu_progress.cli", "feishu_progress.client", "feishu_progress.adapters",
-        "feishu_progress.adapters.sandbox_user"]  # fmt: skip
+        "feishu_progress.adapters.sandbox_user", "feishu_progress.adapters.example_main"]  # fmt: skip
 
 
 def test_the_core_imports_no_agent_sdk() -> None:

@@ -436,6 +436,36 @@ def test_approval_buttons() -> None:
     assert {"v": 1, "action": "approve", "session_id": 42, "approval_id": "ap-1"} in values
     assert {"v": 1, "action": "deny", "session_id": 42, "approval_id": "ap-1"} in values
     assert any(text.startswith("**MCP github") for text in markdowns(card))
+    assert not [value for value in values if value["action"] == "approve_always"]  # not offered
+
+
+def test_allow_always_is_a_third_button_only_where_the_runtime_offered_it() -> None:
+    approvals = (
+        PendingApproval("ap-1", "shell", "make deploy", allow_always=True),
+        PendingApproval("ap-2", "mcp:github", "create issue"),
+    )
+    card = build_progress_card(model(status=TaskStatus.WAITING, pending_approvals=approvals))
+    rows = [
+        [
+            (b["behaviors"][0]["value"]["action"], b["text"]["content"])
+            for b in tagged(row)
+            if b["tag"] == "button"
+        ]
+        for row in card["body"]["elements"]
+        if row["tag"] == "column_set" and "approval_id" in json.dumps(row)
+    ]
+    assert rows == [
+        [("approve", "同意"), ("approve_always", "始终允许(本任务)"), ("deny", "拒绝")],
+        [("approve", "同意"), ("deny", "拒绝")],
+    ]
+    always = next(
+        b for b in tagged(card["body"]) if b.get("tag") == "button" and "始终" in b["text"]["content"]
+    )
+    assert always["behaviors"][0]["value"] == {
+        "v": 1, "action": "approve_always", "session_id": 42, "approval_id": "ap-1"
+    }  # fmt: skip
+    assert always["text"]["i18n_content"]["en_us"] == "Always allow (this task)"
+    assert_valid(card)
 
 
 def test_no_form_once_terminal() -> None:

@@ -85,6 +85,7 @@ def test_card_catalog_is_complete() -> None:
         "card.toast.disliked",
         "card.toast.undisliked",
         "card.toast.approved",
+        "card.toast.approved_always",
         "card.toast.denied",
         "card.toast.invalid_answer",
     }

@@ -336,17 +336,23 @@ PREVIEWS = [
     ),
     Case(
         "seed_000_approval_titles",
-        "000 D8: shell static title, mcp:<server> → MCP <server> 待审批, unknown → 操作待审批",
+        "000 D8: shell static title, mcp:<server> → MCP <server> 待审批, unknown → 操作待审批; "
+        "a runtime that can keep the rule offers 始终允许(本任务) (issue 22)",
         lambda: card(
             status=TaskStatus.WAITING,
             pending_approvals=(
                 PendingApproval("a1", "shell", "rm -rf build"),
-                PendingApproval("a2", "mcp:github", "search"),
+                PendingApproval("a2", "mcp:github", "search", allow_always=True),
                 PendingApproval("a3", "mcp:", ""),
             ),
         ),
-        ("**命令执行待审批**", "**MCP github 待审批**", "**操作待审批**"),
-        ("**Command awaiting approval**", "**MCP github awaiting approval**", "**Action awaiting approval**"),
+        ("**命令执行待审批**", "**MCP github 待审批**", "**操作待审批**", "始终允许(本任务)"),
+        (
+            "**Command awaiting approval**",
+            "**MCP github awaiting approval**",
+            "**Action awaiting approval**",
+            "Always allow (this task)",
+        ),
     ),
 ]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from feishu_progress.cards.callback_contract import CALLBACK_VERSION
-from feishu_progress.domain import TaskStatus
+from feishu_progress.domain import Notice, TaskStatus
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.card_actions import _DECIDERS, parse_click
@@ -26,13 +26,19 @@ LOGGED: dict[str, tuple[str, dict[str, Any]]] = {
     "retry": ("retry", {}),
     "dislike": ("dislike", {"disliked": True}),
     "approve": ("approval", {"approval_id": "p1", "tool_name": "shell", "approved": True}),
+    "approve_always": (
+        "approval",
+        {"approval_id": "p1", "tool_name": "shell", "approved": True, "always": True},
+    ),
     "deny": ("approval", {"approval_id": "p1", "tool_name": "shell", "approved": False}),
 }
 
 
-def _state(status: TaskStatus) -> TaskState:
+def _state(status: TaskStatus, *, allow_always: bool = True) -> TaskState:
     state = TaskState(session_id=7, requester_open_id="ou_1", receive_id="oc_1", receive_id_type="chat_id")
-    state.apply(ev.ApprovalEvent(type="approval", approval_id="p1", tool_name="shell", summary="ls"))
+    approval = ev.ApprovalEvent(type="approval", approval_id="p1", tool_name="shell", summary="ls",
+                                allow_always=allow_always)  # fmt: skip
+    state.apply(approval)
     if status is TaskStatus.RUNNING:  # running again: the approval is closed
         state.apply(ev.StatusEvent(type="status", status="RUNNING", round=1))
     elif status.is_terminal and status is not TaskStatus.LOST:
@@ -45,7 +51,7 @@ def _state(status: TaskStatus) -> TaskState:
 
 def _click(action: str) -> CardActionEvent:
     value: dict[str, Any] = {"v": CALLBACK_VERSION, "action": action, "session_id": 7}
-    if action in ("approve", "deny"):
+    if action in ("approve", "approve_always", "deny"):
         value["approval_id"] = "p1"
     return CardActionEvent(event_id="ev1", token="tok1", open_id="ou_1", message_id="om_1", value=value)
 
@@ -93,3 +99,34 @@ def test_an_action_is_applied_once_by_its_log_id() -> None:
     state.apply_logged_action(3, "dislike", {"disliked": True})
     state.apply_logged_action(3, "dislike", {"disliked": False})
     assert state.disliked is True and state.actions_applied == 3
+
+
+def test_allow_always_is_recorded_as_an_approval_that_says_always() -> None:
+    state = _state(TaskStatus.WAITING)
+    event = _click("approve_always")
+    click = parse_click(event.value)
+    assert click is not None
+    decision = _DECIDERS["approve_always"](state, click, event)
+    assert (decision.kind, decision.toast_key) == ("approval", "card.toast.approved_always")
+    assert decision.payload == LOGGED["approve_always"][1]
+    state.apply_logged_action(1, "approval", decision.payload)
+    assert state.notice is Notice.APPROVED_ALWAYS and "p1" not in state.approvals
+    assert state.card_state().notice is Notice.APPROVED_ALWAYS
+
+
+def test_allow_always_on_an_approval_that_did_not_offer_it_changes_nothing() -> None:
+    state = _state(TaskStatus.WAITING, allow_always=False)
+    event = _click("approve_always")
+    click = parse_click(event.value)
+    assert click is not None
+    decision = _DECIDERS["approve_always"](state, click, event)
+    assert (decision.kind, decision.toast_type) == (None, "error")
+    assert "p1" in state.approvals
+
+
+def test_a_pending_approval_keeps_its_offer_across_a_snapshot() -> None:
+    state = _state(TaskStatus.WAITING)
+    restored = TaskState(session_id=7, requester_open_id="ou_1", receive_id="oc_1", receive_id_type="chat_id")
+    restored.restore_snapshot(state.to_snapshot())
+    assert restored.approvals["p1"].allow_always is True
+    assert _state(TaskStatus.WAITING, allow_always=False).approvals["p1"].allow_always is False

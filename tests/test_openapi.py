@@ -407,7 +407,8 @@ async def test_actions_of_every_kind_and_the_errors_answer_as_documented(
         {"q0_0": "1", "q0_1": ["0"], "q0_1_other": "more"},
     )
     assert answered["toast"]["type"] == "success"
-    await api.click(message_id, {**value, "action": "approve", "approval_id": "ap-1"})
+    always = await api.click(message_id, {**value, "action": "approve_always", "approval_id": "ap-1"})
+    assert always["toast"]["type"] == "success"
     await api.click(message_id, {**value, "action": "dislike"})
     await api.click(message_id, {**value, "action": "cancel"})
     await api.events(session_id, {"type": "finished", "status": "FAILED", "error": "boom"})
@@ -425,6 +426,12 @@ async def test_actions_of_every_kind_and_the_errors_answer_as_documented(
         "question": "验收时想看到什么?",
         "selected_labels": ["本地 demo"],
         "custom_input": "more",
+    }
+    assert page["actions"][1]["payload"] == {
+        "approval_id": "ap-1",
+        "tool_name": "mcp__github__create_pull_request",
+        "approved": True,
+        "always": True,
     }
     later = await api.call("GET", ACTIONS, url, params={"after": str(page["cursor"])})
     assert later == {"actions": [], "cursor": page["cursor"]}

@@ -8,6 +8,12 @@ FP_CALLBACK__ALLOW_CHAT_MEMBERS widens it (runtime/card_actions.py decides, not 
 
 A question or approval nobody answers within ``approval_timeout`` seconds (default 10 min) is denied:
 the card leaves WAITING and the tool line says why (``tool.approval.timed_out``).
+
+始终允许(本任务) (allow always for this task): an approval offers it unless the adapter says otherwise
+(``Approval.allow_always``). The session keeps the rule itself: once clicked for a tool, every later
+approval of that tool in this task that offers it is approved without asking (one waiting at the same
+moment too), so every adapter can honour it; an adapter also hands it to its SDK where the SDK keeps
+such rules. An approval with ``allow_always=False`` is asked every time.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Approval:
     approval_id: str
     tool_name: str
     summary: str = ""
+    allow_always: bool = True  # offer 始终允许(本任务): the session keeps that rule (``decide``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,7 @@ class Decision:
     operator_open_id: str | None = None
     timed_out: bool = False
     reason: str = ""
+    always: bool = False  # 始终允许(本任务): this tool is approved for the rest of the task
 
 
 class CardSession:
@@ -80,6 +88,8 @@ class CardSession:
         self.cancelled = asyncio.Event()
         self._events = fp.event_stream(session_id)
         self._waiting: dict[str, asyncio.Future[UserAction | None]] = {}
+        self._waiting_tools: dict[str, str] = {}  # approval_id → tool, of those waiting that offer always
+        self.always_allowed: set[str] = set()  # tools the user allowed for the rest of the task
         self._cancel_callbacks: list[Callable[[], object]] = []
         self._reader: asyncio.Task[None] | None = None
 
@@ -156,14 +166,27 @@ class CardSession:
     # -- asking ---------------------------------------------------------------------------------------
 
     async def decide(self, approvals: Sequence[Approval]) -> list[Decision]:
-        """Show the approvals on the card and wait for each click, until the timeout denies the rest."""
-        waits = [self._wait_for(approval.approval_id) for approval in approvals]
-        for approval in approvals:
-            event = {"type": "approval", "approval_id": approval.approval_id, "tool_name": approval.tool_name}
-            await self._events.add({**event, "summary": approval.summary[:5000]})
-        actions = await self._gather(waits)
+        """Show the approvals on the card and wait for each click, until the timeout denies the rest.
+
+        A tool the user allowed always (始终允许(本任务)) earlier in the task is approved without asking,
+        unless this approval withholds the offer (``allow_always=False``: asked every time).
+        """
+        asked = [a for a in approvals if not (a.allow_always and a.tool_name in self.always_allowed)]
+        if not asked:
+            return [ALLOWED_ALWAYS for _ in approvals]
+        waits = [self._wait_for(approval.approval_id) for approval in asked]
+        for approval in asked:
+            if approval.allow_always:
+                self._waiting_tools[approval.approval_id] = approval.tool_name
+            await self._events.add(_approval_event(approval))
+        actions = dict(
+            zip([approval.approval_id for approval in asked], await self._gather(waits), strict=True)
+        )
         await self.resume()
-        return [self._decision(action) for action in actions]
+        return [
+            self._decision(actions[a.approval_id]) if a.approval_id in actions else ALLOWED_ALWAYS
+            for a in approvals
+        ]
 
     async def ask(self, ask_id: str, questions: Sequence[Mapping[str, Any]]) -> AnswersPayload | None:
         """Show the questions as the card's form; the answers, or None (timeout, cancel)."""
@@ -196,12 +219,15 @@ class CardSession:
         for key, future in list(self._waiting.items()):
             if future in waits:
                 del self._waiting[key]
+                self._waiting_tools.pop(key, None)
         return [future.result() if future.done() else None for future in waits]
 
     def _decision(self, action: UserAction | None) -> Decision:
         if isinstance(action, ApprovalAction):
-            reason = "" if action.payload.approved else translate(Msg("tool.approval.denied"), self.locale)
-            return Decision(action.payload.approved, action.operator_open_id, reason=reason)
+            payload = action.payload
+            reason = "" if payload.approved else translate(Msg("tool.approval.denied"), self.locale)
+            always = payload.approved and payload.always
+            return Decision(payload.approved, action.operator_open_id, reason=reason, always=always)
         if self.cancelled.is_set():
             return Decision(False, reason=translate(Msg("tool.approval.denied"), self.locale))
         minutes = max(1, round(self.approval_timeout / 60))
@@ -230,11 +256,22 @@ class CardSession:
         key = None
         if isinstance(action, ApprovalAction):
             key = action.payload.approval_id
+            if action.payload.approved and action.payload.always:
+                self._allow_always(action)
         elif isinstance(action, AnswersAction):
             key = action.payload.ask_id
         future = self._waiting.get(key) if key is not None else None
         if future is not None and not future.done():
             future.set_result(action)
+
+    def _allow_always(self, action: ApprovalAction) -> None:
+        """始终允许(本任务): the tool needs no approval from now on, the ones waiting now included."""
+        tool = action.payload.tool_name
+        self.always_allowed.add(tool)
+        for key, waiting_tool in self._waiting_tools.items():
+            future = self._waiting.get(key)
+            if waiting_tool == tool and future is not None and not future.done():
+                future.set_result(action)
 
     def _cancel(self) -> None:
         if self.cancelled.is_set():
@@ -245,6 +282,17 @@ class CardSession:
                 future.set_result(None)
         for callback in self._cancel_callbacks:
             callback()
+
+
+ALLOWED_ALWAYS = Decision(True, always=True)  # a tool allowed for the rest of the task: not asked again
+
+
+def _approval_event(approval: Approval) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": "approval", "approval_id": approval.approval_id}
+    event["tool_name"] = approval.tool_name
+    if approval.allow_always:  # only then: a service older than the flag refuses unknown fields
+        event["allow_always"] = True
+    return {**event, "summary": approval.summary[:5000]}
 
 
 @contextlib.asynccontextmanager

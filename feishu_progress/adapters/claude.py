@@ -13,16 +13,20 @@ The adapter sets ``can_use_tool`` (streaming mode, ``ClaudeSDKClient``) and maps
   ``subagent_type``); each assistant message with that ``parent_tool_use_id`` → its next round; the
   call's result ends it (COMPLETED, or FAILED when ``is_error``);
 * ``can_use_tool`` for any tool → the card's approval: 同意 → ``PermissionResultAllow``, 拒绝 or the
-  timeout → ``PermissionResultDeny`` with the reason as its message;
+  timeout → ``PermissionResultDeny`` with the reason as its message; 始终允许(本任务) → allowed with
+  ``updated_permissions=[PermissionUpdate("addRules", [PermissionRuleValue(tool)], "allow",
+  destination="session")]``: Claude Code stops asking for that tool for the rest of the session (one
+  ``ClaudeSDKClient``: this task), and the card session approves it should it ask again;
 * ``can_use_tool`` for ``AskUserQuestion`` → the card's form (options, multi-select, 其他 free text);
   the answers go back as ``updated_input = {**input, "answers": {question: "label, label" or text}}``,
   the shape Claude Code reads; unanswered → denied ("no answer");
 * ``ResultMessage`` → the task's end: COMPLETED with no error, FAILED with its errors;
 * 取消任务 → ``ClaudeSDKClient.interrupt()``; the card ends CANCELLED.
 
-Not shown: ``ThinkingBlock`` (the API has no thinking event), a subagent's own text and tool calls
-(its rounds show its progress; its result is the Task line's), permission suggestions
-("always allow": the card offers 同意 / 拒绝 only).
+Not shown: ``ThinkingBlock`` (the runtime API has no thinking event and the card no place for it), a
+subagent's own text and tool calls (its rounds show its progress; its result is the Task line's), the
+CLI's permission ``suggestions`` (the card's 始终允许(本任务) is a rule for the whole tool, always kept to
+the session; a suggestion may name ``localSettings`` or a narrower rule the card cannot show).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from claude_agent_sdk import (
     ToolUseBlock,
     UserMessage,
 )
-from claude_agent_sdk.types import PermissionResult, StreamEvent
+from claude_agent_sdk.types import PermissionResult, PermissionRuleValue, PermissionUpdate, StreamEvent
 
 from feishu_progress.adapters.card_session import Approval, CardSession, EndStatus
 from feishu_progress.runtime.responses import AnswersPayload
@@ -153,7 +157,9 @@ class _Mapper:
         summary = context.description or context.title or json.dumps(input, ensure_ascii=False)
         decision = (await self.card.decide([Approval(key, tool_name, summary[:SUMMARY_CHARS])]))[0]
         if decision.approved:
-            return PermissionResultAllow()
+            return PermissionResultAllow(
+                updated_permissions=[_session_rule(tool_name)] if decision.always else None
+            )
         return PermissionResultDeny(message=f"The user did not approve this call: {decision.reason}")
 
     async def end(self, result: ResultMessage | None) -> None:
@@ -166,6 +172,12 @@ class _Mapper:
         elif result is not None and result.is_error:
             errors = "; ".join(result.errors or []) or result.result or result.subtype
             await self.card.finish("FAILED", error=errors)
+
+
+def _session_rule(tool_name: str) -> PermissionUpdate:
+    """Allow every use of ``tool_name`` until the session (this task's client) ends."""
+    rule = PermissionRuleValue(tool_name=tool_name)
+    return PermissionUpdate(type="addRules", rules=[rule], behavior="allow", destination="session")
 
 
 def _questions(input: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -8,19 +8,26 @@
 The graph is streamed with ``stream_mode=["messages", "updates"]`` and ``subgraphs=True`` (it needs a
 checkpointer to be resumed after an ``interrupt()``). What becomes what:
 
-* a chat model's message chunks → ``content_delta`` (the root graph's only);
+* a chat model's message chunks → ``content_delta`` (the root graph's only; their text blocks, when the
+  content is a list of blocks);
 * an ``AIMessage``'s ``tool_calls`` → tool lines; each ``ToolMessage`` → its result (``status="error"``
   → the line's failure with the message's text);
 * a subgraph (a namespace ``node:<task id>``) → a running subagent titled with its node's name; each of
   its model messages → its next round; it ends when its parent node's update arrives;
 * ``interrupt(value)`` → the card asks, then the graph resumes with ``Command(resume=answer)``:
-  ``{"type": "approval", "tool_name", "summary"?}`` → 同意 / 拒绝, resumed with
-  ``{"approved": bool, "reason": str}`` (the timeout: ``approved`` false, the reason says so);
+  ``{"type": "approval", "tool_name", "summary"?, "allow_always"?}`` → 同意 / 拒绝 / 始终允许(本任务)
+  (unless ``allow_always`` is false), resumed with ``{"approved": bool, "reason": str, "always":
+  bool}`` (the timeout: ``approved`` false, the reason says so); after 始终允许(本任务) the adapter
+  resumes every later approval interrupt of that ``tool_name`` in the task at once, approved (one with
+  ``"allow_always": false`` is asked every time);
   ``{"question", "options"?, "multiSelect"?}`` → the form, resumed with the chosen labels joined by
   ", " (or the typed text); ``{"questions": [...]}`` → resumed with one ``{"question",
   "selectedLabels", "customInput"}`` per question; a string → a free-text question, resumed with the
   text. Unanswered (timeout, cancel): resumed with None.
 * 取消任务 → the streaming task is cancelled; the card ends CANCELLED.
+
+Not shown: reasoning / thinking content blocks (the runtime API has no thinking event and the card no
+place for one).
 """
 
 from __future__ import annotations
@@ -80,8 +87,8 @@ class _Mapper:
     async def _message(self, namespace: tuple[str, ...], message: Any) -> None:
         if namespace:
             return  # a subagent's text stays off the task's content; its rounds show its progress
-        if isinstance(message, AIMessage | AIMessageChunk) and isinstance(message.content, str):
-            await self.card.text(message.content)
+        if isinstance(message, AIMessage | AIMessageChunk):
+            await self.card.text(str(message.text))  # text blocks only: reasoning blocks stay off
 
     async def _updates(self, namespace: tuple[str, ...], chunk: Mapping[str, Any]) -> list[Interrupt]:
         if namespace:
@@ -127,9 +134,10 @@ class _Mapper:
         self.asked += 1
         key = f"interrupt-{self.asked}"
         if isinstance(value, Mapping) and value.get("type") == "approval":
-            approval = Approval(key, str(value.get("tool_name") or "tool"), _text(value.get("summary", "")))
+            tool, summary = str(value.get("tool_name") or "tool"), _text(value.get("summary", ""))
+            approval = Approval(key, tool, summary, allow_always=value.get("allow_always") is not False)
             decision = (await self.card.decide([approval]))[0]
-            return {"approved": decision.approved, "reason": decision.reason}
+            return {"approved": decision.approved, "reason": decision.reason, "always": decision.always}
         questions = _questions(value)
         answers = await self.card.ask(key, questions)
         if answers is None:

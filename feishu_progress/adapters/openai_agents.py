@@ -11,14 +11,16 @@ What becomes what (``Runner.run_streamed``'s events):
 * ``tool_called`` / ``tool_output`` → the tool line with its arguments and result; a tool that raised →
   the line's failure with the exception's text (the model still gets the tool's own error message);
 * a tool with ``needs_approval`` interrupts the run: each interruption → the card's approval; 同意 →
-  ``RunState.approve``, 拒绝 or the timeout → ``RunState.reject`` with the reason, then the run resumes
-  from its state;
+  ``RunState.approve``, 始终允许(本任务) → ``RunState.approve(item, always_approve=True)`` (the SDK
+  stops asking for that tool of that agent in this run; the card session approves any other agent's
+  call of a tool with the same name without asking), 拒绝 or the timeout → ``RunState.reject`` with
+  the reason, then the run resumes from its state;
 * ``handoff_occured`` → a running subagent titled with the new agent's name (until the next handoff or
   the end); an agent used as a tool (``Agent.as_tool``) → a subagent for the length of that call;
 * 取消任务 → ``RunResultStreaming.cancel()``; the card ends CANCELLED.
 
-Not shown: reasoning items (the API has no thinking event), MCP approval requests (hosted tools decide on
-OpenAI's side), "always approve" (the card offers 同意 / 拒绝 only).
+Not shown: reasoning items (the runtime API has no thinking event and the card no place for it), MCP
+approval requests (hosted tools decide on OpenAI's side).
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ class _Mapper:
 
     def _apply(self, state: RunState[Any], item: ToolApprovalItem, call_id: str, decision: Decision) -> None:
         if decision.approved:
-            state.approve(item)
+            state.approve(item, always_approve=decision.always)
             return
         self.denied[call_id] = decision.reason
         state.reject(item, rejection_message=f"The user did not approve this call: {decision.reason}")

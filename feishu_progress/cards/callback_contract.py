@@ -17,8 +17,11 @@ from feishu_progress.domain import AskQuestion, PendingAsk
 CALLBACK_VERSION = 1
 MAX_ANSWER_CHARS = 1000  # Feishu's input max_length
 
-Action = Literal["cancel", "retry", "dislike", "answers", "approve", "deny"]
-ACTIONS: frozenset[str] = frozenset({"cancel", "retry", "dislike", "answers", "approve", "deny"})
+# approve_always: 始终允许(本任务), on an approval whose runtime said it can honour it (allow_always).
+Action = Literal["cancel", "retry", "dislike", "answers", "approve", "approve_always", "deny"]
+ACTIONS: frozenset[str] = frozenset(
+    {"cancel", "retry", "dislike", "answers", "approve", "approve_always", "deny"}
+)
 
 _FIELD = re.compile(r"^q(\d{1,4})_(\d{1,4})(_other)?$")
 

@@ -16,7 +16,7 @@ from feishu_progress.cards.escape import plain_text
 from feishu_progress.cards.size import Limits
 from feishu_progress.cards.text import Langs, cap_params, counted, md_text, msg
 from feishu_progress.cards.view_panels import inline, question_markdown
-from feishu_progress.domain import AskQuestion, CardModel, PendingAsk, TaskStatus
+from feishu_progress.domain import AskQuestion, CardModel, PendingApproval, PendingAsk, TaskStatus
 from feishu_progress.i18n import Text
 from feishu_progress.i18n.user_text import ELLIPSIS, cut_text
 from feishu_progress.tools.approval import approval_title
@@ -123,7 +123,7 @@ def _input(langs: Langs, name: str, placeholder: Text) -> dict[str, Any]:
 
 
 def approval_elements(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
-    """Each pending approval: its title and summary, then 同意 / 拒绝."""
+    """Each pending approval: its title and summary, then its buttons."""
     elements: list[dict[str, Any]] = []
     shown = model.pending_approvals[:MAX_APPROVALS]
     for approval in shown:
@@ -134,20 +134,25 @@ def approval_elements(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
             return head + ("\n" + inline(summary, QUESTION_CHARS, locale) if summary.strip() else "")
 
         elements.append(langs.markdown(text))
-        approve = callback_value("approve", model.session_id, approval_id=approval.approval_id)
-        deny = callback_value("deny", model.session_id, approval_id=approval.approval_id)
-        elements.append(
-            button_row(
-                [
-                    _button(langs, msg("card.approval.approve"), "primary", approve),
-                    _button(langs, msg("card.approval.deny"), "danger", deny),
-                ]
-            )
-        )
+        elements.append(button_row(_approval_buttons(model.session_id, approval, langs)))
     hidden = len(model.pending_approvals) - len(shown)
     if hidden:
         elements.append(langs.md_msg(counted("card.more_items", hidden)))
     return elements
+
+
+def _approval_buttons(session_id: int, approval: PendingApproval, langs: Langs) -> list[dict[str, Any]]:
+    """同意 / 始终允许(本任务) (only when the runtime offered it) / 拒绝."""
+
+    def button(action: Action, key: str, kind: ButtonType) -> dict[str, Any]:
+        value = callback_value(action, session_id, approval_id=approval.approval_id)
+        return _button(langs, msg(key), kind, value)
+
+    buttons = [button("approve", "card.approval.approve", "primary")]
+    if approval.allow_always:
+        buttons.append(button("approve_always", "card.approval.approve_always", "default"))
+    buttons.append(button("deny", "card.approval.deny", "danger"))
+    return buttons
 
 
 # -- buttons -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ NOTICE_KEYS = {
     Notice.RETRYING: "card.notice.retrying",
     Notice.ANSWERS_SUBMITTED: "card.notice.answers_submitted",
     Notice.APPROVED: "card.notice.approved",
+    Notice.APPROVED_ALWAYS: "card.notice.approved_always",
     Notice.DENIED: "card.notice.denied",
 }
 SUBAGENT_TYPE_KEYS = {

@@ -228,7 +228,7 @@ def _answers(state: TaskState, click: Click, event: CardActionEvent) -> Decision
     return Decision("success", "card.toast.answers_submitted", "answers", payload)
 
 
-def _decision_on_approval(state: TaskState, click: Click, approved: bool) -> Decision:
+def _decision_on_approval(state: TaskState, click: Click, approved: bool, always: bool = False) -> Decision:
     approval_id = click.approval_id or ""
     if approval_id in state.resolved_approvals:
         return Decision("info", "card.toast.already_answered")
@@ -237,13 +237,21 @@ def _decision_on_approval(state: TaskState, click: Click, approved: bool) -> Dec
     approval = state.approvals.get(approval_id)
     if approval is None:
         return Decision("info", "card.toast.expired")
+    if always and not approval.allow_always:  # the runtime did not offer it: it could not keep the rule
+        return Decision("error", "card.toast.invalid_action")
     payload = {"approval_id": approval_id, "tool_name": approval.tool_name, "approved": approved}
+    if always:
+        payload["always"] = True
     key = "card.toast.approved" if approved else "card.toast.denied"
-    return Decision("success", key, "approval", payload)
+    return Decision("success", "card.toast.approved_always" if always else key, "approval", payload)
 
 
 def _approve(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
     return _decision_on_approval(state, click, approved=True)
+
+
+def _approve_always(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
+    return _decision_on_approval(state, click, approved=True, always=True)
 
 
 def _deny(state: TaskState, click: Click, event: CardActionEvent) -> Decision:
@@ -256,5 +264,6 @@ _DECIDERS: dict[str, Callable[[TaskState, Click, CardActionEvent], Decision]] = 
     "dislike": _dislike,
     "answers": _answers,
     "approve": _approve,
+    "approve_always": _approve_always,
     "deny": _deny,
 }

@@ -231,12 +231,19 @@ class AskEvent(_Event):
 
 
 class ApprovalEvent(_Event):
-    """A tool call waits for approval: the card shows 同意 / 拒绝; the choice comes back as an action."""
+    """A tool call waits for approval on the card: 同意 / 拒绝 (and 始终允许 with ``allow_always``)."""
 
     type: Literal["approval"]
     approval_id: Id
     tool_name: Annotated[str, Field(min_length=1, max_length=_SHORT)]
     summary: Annotated[str, Field(max_length=5000)] = ""
+    allow_always: bool = Field(
+        default=False,
+        description="The runtime can honour 始终允许(本任务) (allow always for this task): the card shows "
+        "that third button, and its click comes back as an `approval` action with `always: true`. The "
+        "runtime then runs later calls of this `tool_name` in the task without asking again. Leave it "
+        "false (the default) when the runtime cannot keep such a rule: the card offers 同意 / 拒绝 only.",
+    )
 
     _ids = field_validator("approval_id", mode="before")(_id_from_number)
 

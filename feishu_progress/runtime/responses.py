@@ -76,9 +76,17 @@ class AnswersPayload(_Body):
 
 
 class ApprovalPayload(_Body):
+    # ``always`` is always sent (its default is for action rows recorded before it existed).
+    model_config = ConfigDict(extra="ignore", frozen=True, json_schema_serialization_defaults_required=True)
+
     approval_id: str = Field(description="The ``approval_id`` of the ``approval`` event decided.")
     tool_name: str
     approved: bool
+    always: bool = Field(
+        default=False,
+        description="The user clicked 始终允许(本任务) (offered only when the ``approval`` event had "
+        "``allow_always``): approved, and later calls of ``tool_name`` in this task run without asking.",
+    )
 
 
 class _Action(_Body):

@@ -49,7 +49,9 @@ SNAPSHOT_VERSION = 2
 # Notices that the runtime's next RUNNING status makes obsolete.
 # A retry click asks the runtime to run a task again: only one that failed or lost contact.
 RETRYABLE = frozenset({TaskStatus.FAILED, TaskStatus.LOST})
-_CLEARED_BY_RUNNING = frozenset({Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.DENIED})
+_CLEARED_BY_RUNNING = frozenset(
+    {Notice.RETRYING, Notice.ANSWERS_SUBMITTED, Notice.APPROVED, Notice.APPROVED_ALWAYS, Notice.DENIED}
+)
 
 
 def request_digest(request: str | bytes) -> str:
@@ -214,7 +216,9 @@ class TaskState:
         self.status = TaskStatus.WAITING
 
     def _approval(self, event: ev.ApprovalEvent) -> None:
-        self.approvals[event.approval_id] = PendingApproval(event.approval_id, event.tool_name, event.summary)
+        self.approvals[event.approval_id] = PendingApproval(
+            event.approval_id, event.tool_name, event.summary, event.allow_always
+        )
         self.status = TaskStatus.WAITING
 
     def _finished(self, event: ev.FinishedEvent) -> None:
@@ -294,10 +298,11 @@ class TaskState:
         _remember(self.answered_asks, ask_id)
         self.notice = Notice.ANSWERS_SUBMITTED
 
-    def decide(self, approval_id: str, approved: bool) -> None:
+    def decide(self, approval_id: str, approved: bool, always: bool = False) -> None:
+        """The requester decided ``approval_id``; ``always``: approved for the rest of the task."""
         self.approvals.pop(approval_id, None)
         _remember(self.resolved_approvals, approval_id)
-        self.notice = Notice.APPROVED if approved else Notice.DENIED
+        self.notice = Notice.DENIED if not approved else Notice.APPROVED_ALWAYS if always else Notice.APPROVED
 
     def apply_logged_action(self, action_id: int, kind: str, payload: Mapping[str, Any]) -> None:
         """Apply a click recorded in the action log as ``action_id``, once (by id).
@@ -331,7 +336,7 @@ class TaskState:
         elif kind == "answers" and isinstance(ask_id, str) and ask_id in self.pending_asks:
             self.answer(ask_id)
         elif kind == "approval" and isinstance(approval_id, str) and approval_id in self.approvals:
-            self.decide(approval_id, payload.get("approved") is True)
+            self.decide(approval_id, payload.get("approved") is True, payload.get("always") is True)
 
     # ----------------------------------------------------------------- views
     def card_state(self) -> CardState:
@@ -374,7 +379,12 @@ class TaskState:
             "pending_asks": [_ask_to_json(a) for a in self.pending_asks.values()],
             "answered_asks": list(self.answered_asks),
             "approvals": [
-                {"approval_id": a.approval_id, "tool_name": a.tool_name, "summary": a.summary}
+                {
+                    "approval_id": a.approval_id,
+                    "tool_name": a.tool_name,
+                    "summary": a.summary,
+                    "allow_always": a.allow_always,
+                }
                 for a in self.approvals.values()
             ],
             "resolved_approvals": list(self.resolved_approvals),
@@ -415,7 +425,10 @@ class TaskState:
         self.answered_asks = dict.fromkeys(map(str, data.get("answered_asks") or []))
         for raw in data.get("approvals") or []:
             approval = PendingApproval(
-                str(raw["approval_id"]), str(raw["tool_name"]), str(raw.get("summary", ""))
+                str(raw["approval_id"]),
+                str(raw["tool_name"]),
+                str(raw.get("summary", "")),
+                raw.get("allow_always") is True,
             )
             self.approvals[approval.approval_id] = approval
         self.resolved_approvals = dict.fromkeys(map(str, data.get("resolved_approvals") or []))

@@ -59,6 +59,7 @@ EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         "approval_id": "ap-1",
         "tool_name": "mcp__github__create_pull_request",
         "summary": "在 acme/progress 上创建 PR: 修复进度卡限流",
+        "allow_always": True,
     },
     "finished": {
         "type": "finished",
@@ -154,15 +155,27 @@ ACTIONS_EXAMPLE = {
         },
         {
             "cursor": 8,
+            "kind": "approval",
+            "operator_open_id": "ou_alice",
+            "payload": {
+                "approval_id": "ap-1",
+                "tool_name": "mcp__github__create_pull_request",
+                "approved": True,
+                "always": True,
+            },
+            "created_at": "2026-05-28T09:15:40.112000Z",
+        },
+        {
+            "cursor": 9,
             "kind": "cancel",
             "operator_open_id": "ou_alice",
             "payload": {},
             "created_at": "2026-05-28T09:16:40.007000Z",
         },
     ],
-    "cursor": 8,
+    "cursor": 9,
 }
-NO_ACTIONS_EXAMPLE = {"actions": [], "cursor": 8}
+NO_ACTIONS_EXAMPLE = {"actions": [], "cursor": 9}
 IMAGE_UPLOADED_EXAMPLE = {
     "image_ref": "fpimg:5d41402abc4b2a76b9719d911017c592",
     "image_key": "img_v3_sandbox_000001",

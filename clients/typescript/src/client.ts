@@ -23,6 +23,8 @@ export type CreateTaskRequest = Schemas["CreateTaskRequest"];
 export type TaskCreated = Schemas["TaskCreated"];
 export type TaskView = Schemas["TaskView"];
 export type UserAction = Schemas["UserAction"];
+/** An approval click: `approved`, and `always` when the user chose 始终允许(本任务) (allow always for this task). */
+export type ApprovalPayload = Schemas["ApprovalPayload"];
 export type ActionsPage = Schemas["ActionsPage"];
 export type ErrorBody = Schemas["ErrorBody"];
 

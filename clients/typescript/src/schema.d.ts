@@ -264,12 +264,13 @@ export interface components {
         };
         /**
          * ApprovalEvent
-         * @description A tool call waits for approval: the card shows 同意 / 拒绝; the choice comes back as an action.
+         * @description A tool call waits for approval on the card: 同意 / 拒绝 (and 始终允许 with ``allow_always``).
          * @example {
          *       "type": "approval",
          *       "approval_id": "ap-1",
          *       "tool_name": "mcp__github__create_pull_request",
-         *       "summary": "在 acme/progress 上创建 PR: 修复进度卡限流"
+         *       "summary": "在 acme/progress 上创建 PR: 修复进度卡限流",
+         *       "allow_always": true
          *     }
          */
         ApprovalEvent: {
@@ -290,6 +291,12 @@ export interface components {
              * @default
              */
             summary?: string;
+            /**
+             * Allow Always
+             * @description The runtime can honour 始终允许(本任务) (allow always for this task): the card shows that third button, and its click comes back as an `approval` action with `always: true`. The runtime then runs later calls of this `tool_name` in the task without asking again. Leave it false (the default) when the runtime cannot keep such a rule: the card offers 同意 / 拒绝 only.
+             * @default false
+             */
+            allow_always?: boolean;
         };
         /** ApprovalPayload */
         ApprovalPayload: {
@@ -302,6 +309,12 @@ export interface components {
             tool_name: string;
             /** Approved */
             approved: boolean;
+            /**
+             * Always
+             * @description The user clicked 始终允许(本任务) (offered only when the ``approval`` event had ``allow_always``): approved, and later calls of ``tool_name`` in this task run without asking.
+             * @default false
+             */
+            always: boolean;
         };
         /**
          * AskEvent

@@ -13,7 +13,7 @@ import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
-import { ApiError, FeishuProgressClient } from "../src/client.js";
+import { ApiError, FeishuProgressClient, type ApprovalPayload } from "../src/client.js";
 
 const REPO = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../.."); // from dist/test/
 const TOKEN = "ts-client-token";
@@ -89,7 +89,7 @@ test("a task streams, is approved on the card, and finishes", async () => {
   for (const word of "Checking the card before deploying".split(" ")) events.add({ type: "content_delta", text: `${word} ` });
   events.add({ type: "tool_started", call_id: "c1", name: "shell", args: { command: "make deploy" } });
   events.add({ type: "tool_finished", call_id: "c1", result: { error: "permission denied" } });
-  events.add({ type: "approval", approval_id: "a1", tool_name: "deploy", summary: "deploy to prod" });
+  events.add({ type: "approval", approval_id: "a1", tool_name: "deploy", summary: "deploy to prod", allow_always: true });
   await events.close();
   globalThis.fetch = realFetch;
   assert.deepEqual(batches, [5]); // one batch: status, the five deltas as one, two tool events, the approval
@@ -97,7 +97,8 @@ test("a task streams, is approved on the card, and finishes", async () => {
   const view = await fp.getTask(task.session_id);
   assert.equal(view.status, "WAITING");
   assert.ok(JSON.stringify(view.card).includes("Checking the card before deploying"));
-  const approve = buttons(view.card, "approve");
+  assert.equal(buttons(view.card, "approve").length, 1);
+  const approve = buttons(view.card, "approve_always"); // offered: the event said allow_always
   assert.equal(approve.length, 1);
   const click = await fetch(`${baseUrl}/sandbox/api/click`, {
     method: "POST",
@@ -110,6 +111,8 @@ test("a task streams, is approved on the card, and finishes", async () => {
   const action = (await actions.next()).value;
   assert.equal(action?.kind, "approval");
   assert.ok(action?.kind === "approval" && action.payload.approved && action.payload.approval_id === "a1");
+  const payload: ApprovalPayload | undefined = action?.kind === "approval" ? action.payload : undefined;
+  assert.equal(payload?.always, true);
   assert.equal(action?.operator_open_id, "ou_ts");
 
   await fp.postEvents(task.session_id, [{ type: "finished", status: "COMPLETED", content: "Deployed." }]);
