@@ -283,9 +283,7 @@ async def _start(services: Services, stack: AsyncExitStack) -> None:
         log.info("re-attached %d unfinished task card(s)", restored)
     _start_loops(services, service)
     await _start_admin(services, stack)
-    for app in apps:
-        if app.feishu.mode == "ws":  # at most one (apps_file.py): lark-oapi allows one per process
-            _start_long_connection(services, app)
+    _start_long_connections(services, apps)
 
 
 async def _open_database(services: Services, stack: AsyncExitStack) -> Database:
@@ -506,31 +504,40 @@ async def _start_admin(services: Services, stack: AsyncExitStack) -> None:
     services.background.spawn(watch_readiness(deps.checks, services.stopper), name="readiness-gauges")
 
 
-def _start_long_connection(services: Services, app: AppContext) -> None:
-    from feishu_progress.feishu.ws import WsCallbackBridge, start_long_connection
+def _start_long_connections(services: Services, apps: AppRegistry) -> None:
+    """One long connection per app in ws mode, each on this loop, each reconnecting on its own."""
+    from feishu_progress.feishu.ws import LongConnection
 
-    assert services.pipeline is not None
-    bridge = WsCallbackBridge(
-        services.pipeline,
-        asyncio.get_running_loop(),
-        observe=services.metrics.callback_latency.observe,
-        app=app.name,
-    )
-    feishu = app.feishu
-    secret = feishu.app_secret.get_secret_value() if feishu.app_secret is not None else None
-    services.long_connection = start_long_connection(feishu.app_id, secret, feishu.base_url, bridge)
-    log.info("long-connection (ws) receiver of app %s started in its own thread", app.name)
-
-
-async def _stop_long_connection(services: Services) -> None:
-    connection = services.long_connection
-    if connection is None:
-        return
-    # In a worker thread: joining on the loop would block the clicks the ws thread is handing over.
-    if not await asyncio.to_thread(connection.stop, LONG_CONNECTION_STOP_SECONDS):
-        log.error(
-            "shutdown: the long-connection thread did not stop within %.0f s", LONG_CONNECTION_STOP_SECONDS
+    pipeline = services.pipeline
+    assert pipeline is not None
+    connections = [  # all built (credentials checked) before any starts: a refusal leaves none running
+        LongConnection(
+            app.name,
+            app.feishu,
+            pipeline,
+            max_payload_bytes=services.settings.callback.max_body_bytes,
+            observe=services.metrics.callback_latency.observe,
+            clock=services.clock,
         )
+        for app in apps
+        if app.feishu.mode == "ws"
+    ]
+    for connection in connections:
+        connection.start()
+        services.long_connections[connection.app] = connection
+        log.info("long connection (ws) of app %s started", connection.app)
+
+
+async def _stop_long_connections(services: Services) -> None:
+    connections = list(services.long_connections.values())
+    stopped = await asyncio.gather(*(c.stop(LONG_CONNECTION_STOP_SECONDS) for c in connections))
+    for connection, done in zip(connections, stopped, strict=True):
+        if not done:
+            log.error(
+                "shutdown: the long connection of app %s did not stop within %.0f s",
+                connection.app,
+                LONG_CONNECTION_STOP_SECONDS,
+            )
 
 
 async def _flush_cards(services: Services) -> None:
@@ -553,7 +560,7 @@ async def _handed_over(services: Services) -> bool:
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
-    await _stop_long_connection(services)  # first: no clicks arrive while the rest winds down
+    await _stop_long_connections(services)  # first: no clicks arrive while the rest winds down
     if services.stopper is not None:
         services.stopper.stop()  # the loops end after their current pass; drained below
     if not await _handed_over(services):  # handed over: the live peers write this instance's cards

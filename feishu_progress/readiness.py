@@ -131,7 +131,7 @@ def _outage(services: Services, app: AppContext) -> str | None:
 
 
 async def app_entries(services: Services) -> dict[str, object]:
-    """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope and breaker."""
+    """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope, breaker, long connection."""
     if services.apps is None:
         return {}
     apps = list(services.apps)
@@ -145,9 +145,18 @@ async def app_entries(services: Services) -> dict[str, object]:
             "token": "ok" if token is None else (token if isinstance(token, str) else type(token).__name__),
             "cardkit": None if creator is None else creator.cardkit_problem(app),
             "outage": _outage(services, app),
+            "connection": _connection(services, app.name),
         }
         for app, token in zip(apps, tokens, strict=True)
     }
+
+
+def _connection(services: Services, app: str) -> str | None:
+    """A ws app's long connection: "ok" or why not; None for a webhook app."""
+    connection = services.long_connections.get(app)
+    if connection is None:
+        return None
+    return connection.problem() or "ok"
 
 
 async def _token_problem(app: AppContext) -> str | None:
@@ -193,9 +202,14 @@ async def _scheduler(services: Services) -> str | None:
 
 
 async def _long_connection(services: Services) -> str | None:
-    if services.long_connection is None:
+    """Every ws app's connection must be up; the problem names the app when there are several."""
+    if not services.long_connections:
         return "long-connection receiver not started"
-    return services.long_connection.problem()
+    problems = {name: connection.problem() for name, connection in services.long_connections.items()}
+    if len(problems) == 1:
+        return next(iter(problems.values()))
+    down = [f"app {name}: {problem}" for name, problem in problems.items() if problem is not None]
+    return "; ".join(down) or None
 
 
 def live_cards(services: Services) -> list[dict[str, object]]:

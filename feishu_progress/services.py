@@ -46,7 +46,7 @@ class Services:
     sandbox: RunningSandbox | None = None  # only in sandbox mode (no Feishu credentials)
     admin_url: str | None = None
     pipeline: CallbackPipeline | None = None  # the one click pipeline, webhook and long connection
-    long_connection: LongConnection | None = None  # only when an app's mode is ws (at most one)
+    long_connections: dict[str, LongConnection] = field(default_factory=dict)  # by app, mode = "ws" only
     cluster: ClusterMode | None = None  # only in cluster mode (FP_REDIS_URL)
     holder: DatabaseHolder | None = None  # only in single mode: this process owns the database
 
