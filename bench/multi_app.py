@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import math
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -209,7 +210,7 @@ def _value(obj: Any, path: str) -> float:
     return float(obj)
 
 
-def table(tasks: int, runs: dict[str, list[MultiResult]]) -> str:
+def table(tasks: int, runs: dict[str, list[MultiResult]], load: tuple[float, float] | None = None) -> str:
     one, two = runs["one app"], runs["two apps"]
     names = list(two[0].per_app) if two else []
     first = (one or two)[0].service
@@ -229,6 +230,11 @@ def table(tasks: int, runs: dict[str, list[MultiResult]]) -> str:
     for label, attr, fmt in SERVICE_ROWS:
         cells = [spread(fmt, [_value(r, attr) for r in group]) if group else "—" for group in (one, two)]
         lines.append(f"| {label} | {' | '.join(cells)} |")
+    if load is not None:
+        lines.append(
+            f"\n_The machine's 1-minute load average was {load[0]:.1f} when the runs began and "
+            f"{load[1]:.1f} when they ended ({os.cpu_count()} cores, shared with other work)._"
+        )
     return "\n".join(lines)
 
 
@@ -253,6 +259,7 @@ def main() -> None:
     seconds = args.seconds or DEFAULT_SECONDS.get(args.tasks, 30.0)
     scale = args.scale or DEFAULT_SCALE.get(args.tasks, max(1.0, args.tasks / 200))
     runs: dict[str, list[MultiResult]] = {config: [] for config in CONFIGS}
+    load_before = os.getloadavg()[0]
     for run in range(args.runs):
         for config in CONFIGS:
             started = time.monotonic()
@@ -278,11 +285,11 @@ def main() -> None:
                 f"{res.lookup_ns:.0f} ns [{time.monotonic() - started:.0f} s]",
                 flush=True,
             )
-    text = table(args.tasks, runs)
+    text = table(args.tasks, runs, (load_before, os.getloadavg()[0]))
     print("\n" + text + "\n")
     if not args.no_write:
         write_section("multi-app", INTRO)
-        write_section(f"multi-app-{args.tasks}", text)
+        write_section(f"multi-app-{args.tasks}-x{scale:g}", text)
 
 
 if __name__ == "__main__":
