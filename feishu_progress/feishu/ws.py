@@ -72,6 +72,9 @@ DISCOVERY_HEADERS = {"locale": "zh"}  # what both SDKs send
 log = logging.getLogger(__name__)
 
 Send = Callable[[bytes], Awaitable[None]]
+_ENDED = frozenset(
+    {aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR}
+)
 
 
 class ConnectionState:
@@ -272,7 +275,7 @@ class LongConnection:
                     "app %s: no frame from the gateway for %d s: reconnecting", self.app, silent_limit
                 )
                 return
-            if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+            if message.type in _ENDED:
                 return
             if message.type is aiohttp.WSMsgType.BINARY:  # the protocol is binary protobuf only
                 self.state.frame_received(self.config.ping_interval)
