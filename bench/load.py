@@ -82,7 +82,7 @@ def _pin(cores: set[int] | None) -> None:
         os.sched_setaffinity(0, cores)
 
 
-def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -> None:
+def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None, app_id: str = APP_ID) -> None:
     _pin(cores)
     from feishu_progress.sandbox.server import STATE_KEY, create_sandbox_app
     from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxState
@@ -116,7 +116,7 @@ def _serve_sandbox(queue: Any, scale: float, *, cores: set[int] | None = None) -
 
     async def serve() -> None:
         clock = scaled
-        config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
+        config = SandboxConfig(app_id=app_id, app_secret=APP_SECRET)
         app = create_sandbox_app(config, clock=clock.monotonic)
         app[STATE_KEY] = BenchSandboxState(config, clock.monotonic)
         app.router.add_get("/_bench/report", report)
@@ -153,7 +153,9 @@ def _serve_service(
     *,
     cores: set[int] | None = None,
     transport: str = "patch",
+    apps: dict[str, str] | None = None,
 ) -> None:
+    """``apps`` (name → its sandbox's URL): serve those apps from an apps file instead of FP_FEISHU__*."""
     _pin(cores)
     import logging
 
@@ -187,7 +189,7 @@ def _serve_service(
 
             settings = Settings(
                 database_url=database_url,
-                feishu=feishu,
+                **_app_settings(feishu, apps, workdir),
                 http=HttpSettings(host="127.0.0.1", port=0),
                 admin=AdminSettings(host="127.0.0.1", port=0),
                 # With time scaled ×20, creating 5000 tasks takes longer than the default 30 scaled minutes
@@ -202,6 +204,8 @@ def _serve_service(
             ):  # what `feishu-progress serve` does; the cpython-gc baseline keeps the defaults
                 settle_after_startup(app)
 
+            lookups = _count_app_lookups()
+
             def counters() -> dict[str, Any]:
                 value = app[SERVICES].metrics.value  # sums over labels not named (the app of each write)
                 outcomes = ("delivered", "retry_message", "pause_app", "backoff", "stop", "degrade")
@@ -210,6 +214,7 @@ def _serve_service(
                     "subagent_queries": value("fp_subagent_query_seconds_count") or 0,
                     "patch_attempts": sum(value("fp_patches_total", {"outcome": o}) or 0 for o in outcomes),
                     "live_cards": value("fp_live_cards") or 0,
+                    "app_lookups": lookups(),
                 }
         else:
             from bench.naive import NaiveService
@@ -243,11 +248,69 @@ def _serve_service(
 
         app.router.add_get("/_bench/stats", stats)
         app.router.add_get("/_bench/profile", profile)
+        if kind == "ours":
+            app.router.add_get("/_bench/lookup", _lookup_timer(app))
         async with serving(app) as base_url:
             queue.put(base_url)
             await asyncio.Event().wait()
 
     asyncio.run(serve())
+
+
+def _app_settings(feishu: Any, apps: dict[str, str] | None, workdir: str) -> dict[str, Any]:
+    """One app from FP_FEISHU__* (``feishu``), or ``apps`` from an apps file (secrets by env references)."""
+    if apps is None:
+        return {"feishu": feishu}
+    tables = []
+    for name, url in apps.items():
+        os.environ[f"FP_BENCH_{name.upper()}_SECRET"] = APP_SECRET
+        os.environ[f"FP_BENCH_{name.upper()}_VTOKEN"] = "bench-verification-token"
+        tables.append(
+            f'[apps.{name}]\napp_id = "{APP_ID}_{name}"\napp_secret_env = "FP_BENCH_{name.upper()}_SECRET"\n'
+            f'verification_token_env = "FP_BENCH_{name.upper()}_VTOKEN"\ndomain = "{url}"\n'
+        )
+    path = Path(workdir) / "apps.toml"
+    path.write_text("\n".join(tables), encoding="utf-8")
+    return {"apps_file": str(path), "feishu": feishu.model_copy(update={"app_id": None, "app_secret": None})}
+
+
+def _count_app_lookups() -> Any:
+    """Count ``AppRegistry.get`` calls (every lookup of an app context; ``resolve`` goes through it)."""
+    from feishu_progress.apps import AppRegistry
+
+    calls = [0]
+    get = AppRegistry.get
+
+    def counted(self: AppRegistry, name: str) -> Any:
+        calls[0] += 1
+        return get(self, name)
+
+    AppRegistry.get = counted  # type: ignore[method-assign]
+    _UNCOUNTED["get"] = get
+    return lambda: calls[0]
+
+
+_UNCOUNTED: dict[str, Any] = {}  # AppRegistry.get before counting: what /_bench/lookup times
+
+
+def _lookup_timer(app: web.Application) -> Any:
+    """``/_bench/lookup``: ns per ``AppRegistry.get`` on the running service's registry (min of 5 repeats)."""
+    import timeit
+
+    from feishu_progress.app import SERVICES
+
+    async def handler(request: web.Request) -> web.Response:
+        registry = app[SERVICES].apps
+        assert registry is not None
+        loops = 200_000
+        per_name = []
+        for name in registry.names():
+            scope = {"get": _UNCOUNTED["get"], "registry": registry, "name": name}
+            seconds = min(timeit.repeat("get(registry, name)", globals=scope, number=loops, repeat=5))
+            per_name.append(seconds / loops * 1e9)
+        return web.json_response({"ns": sum(per_name) / len(per_name), "apps": len(per_name)})
+
+    return handler
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -285,10 +348,18 @@ class RunResult:
 
 
 class Bench:
-    def __init__(self, http: aiohttp.ClientSession, service: str, sandbox: str, scale: float) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        service: str,
+        sandbox: str,
+        scale: float,
+        apps: list[str] | None = None,
+    ) -> None:
         self.http = http
         self.service = service
         self.sandbox = sandbox
+        self.apps = apps  # task i goes to apps[i % len(apps)]; None: the default app
         self.clock = ScaledClock(scale)
         self.accepted = 0
         self.posts = 0
@@ -299,9 +370,13 @@ class Bench:
         async with self.http.get(f"{self.service}/_bench/stats", params=params) as response:
             return dict(await response.json())
 
-    async def report(self, since: float = -math.inf) -> dict[str, Any]:
-        async with self.http.get(f"{self.sandbox}/_bench/report", params={"since": str(since)}) as response:
+    async def report(self, since: float = -math.inf, sandbox: str | None = None) -> dict[str, Any]:
+        url = f"{sandbox or self.sandbox}/_bench/report"
+        async with self.http.get(url, params={"since": str(since)}) as response:
             return dict(await response.json())
+
+    def app_of(self, index: int) -> str | None:
+        return None if self.apps is None else self.apps[index % len(self.apps)]
 
     async def create(self, index: int) -> tuple[int, str]:
         body = {
@@ -310,6 +385,8 @@ class Bench:
             "requester_open_id": "ou_bench",
             "title": f"压测任务 {index}",
         }
+        if self.apps is not None:
+            body["app"] = self.app_of(index)
         for attempt in range(3):  # a saturated naive service may answer 500 (SQLite busy): retry
             async with self.http.post(f"{self.service}/v1/tasks", json=body) as response:
                 if response.status == 201:
@@ -434,22 +511,20 @@ async def _measure_idle(bench: Bench, result: RunResult, *, tasks: int) -> None:
     result.live_cards = int(after.get("live_cards", 0))
 
 
-async def _measure(
+async def stream_phase(
     bench: Bench,
     result: RunResult,
+    created: list[tuple[int, str]],
     *,
-    tasks: int,
     seconds: float,
     flush: float,
     seed: int,
     profile: bool = False,
     step_ms: tuple[int, int] = STEP_MS,
-) -> None:
+) -> tuple[dict[int, TaskStream], float, float]:
+    """Every task streams for ``seconds``; the rates and CPU land in ``result``; (streams, window)."""
     rng = random.Random(seed)
     clock = bench.clock
-    created = await _idle_cards(bench, result, tasks)
-
-    # Stream phase.
     streams = {
         sid: TaskStream(i, time.monotonic(), random.Random(rng.random()), step_ms)
         for i, (sid, _) in enumerate(created)
@@ -483,8 +558,11 @@ async def _measure(
     )
     result.mean_batch = bench.accepted / max(1, bench.posts)
     result.post_errors = bench.errors
+    return streams, window_start, window_end
 
-    # Final phase: every task finishes; wait (bounded) for every final card.
+
+async def finish_all(bench: Bench, streams: dict[int, TaskStream]) -> float:
+    """Every task finishes (its final event batch); the scaled time when the last was accepted."""
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
 
     async def finish(sid: int, stream: TaskStream) -> None:
@@ -492,22 +570,54 @@ async def _measure(
             await bench.post(sid, stream.final())
 
     await asyncio.gather(*(finish(sid, s) for sid, s in streams.items()))
-    finished_at = clock.monotonic()
-    ideal_drain = tasks / BUDGET_PER_SECOND  # scaled seconds to deliver one PATCH per card
-    deadline = time.monotonic() + max(10.0, 2 * ideal_drain / clock.scale + 5)
+    return bench.clock.monotonic()
+
+
+async def _measure(
+    bench: Bench,
+    result: RunResult,
+    *,
+    tasks: int,
+    seconds: float,
+    flush: float,
+    seed: int,
+    profile: bool = False,
+    step_ms: tuple[int, int] = STEP_MS,
+) -> None:
+    created = await _idle_cards(bench, result, tasks)
+    streams, window_start, window_end = await stream_phase(
+        bench, result, created, seconds=seconds, flush=flush, seed=seed, profile=profile, step_ms=step_ms
+    )
+    finished_at = await finish_all(bench, streams)
     ours = {mid for _, mid in created}
-    while True:
-        report = await bench.report(since=window_start)
-        done = sum(1 for mid in ours if report["messages"][mid]["template"] == "green")
-        if done == tasks or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(finals_poll_seconds(tasks))
+    ideal_drain = tasks / BUDGET_PER_SECOND  # scaled seconds to deliver one PATCH per card
+    [report], done = await wait_for_finals(bench, {bench.sandbox: ours}, window_start, ideal_drain)
     result.finals_pct = 100.0 * done / tasks
     last = max((max(report["messages"][m]["times"], default=finished_at) for m in ours), default=finished_at)
     result.finals_seconds = last - finished_at if done == tasks else math.nan
     result.rate_limit_230020 = int(report["responses"].get("230020", 0))
     result.rate_limit_429 = int(report["responses"].get("99991400", 0))
     _delivery_metrics(result, report, ours, start=window_start, end=window_end, tasks=tasks)
+
+
+async def wait_for_finals(
+    bench: Bench, cards: dict[str, set[str]], since: float, ideal_drain: float
+) -> tuple[list[dict[str, Any]], int]:
+    """Poll each sandbox (URL → its message ids) until every card shows its final, or a bounded wait
+    (twice the ideal drain, in real s) ends; each sandbox's last report and how many finals arrived."""
+    tasks = sum(len(ids) for ids in cards.values())
+    deadline = time.monotonic() + max(10.0, 2 * ideal_drain / bench.clock.scale + 5)
+    while True:
+        reports = [await bench.report(since=since, sandbox=url) for url in cards]
+        done = sum(
+            1
+            for report, ids in zip(reports, cards.values(), strict=True)
+            for mid in ids
+            if report["messages"][mid]["template"] == "green"
+        )
+        if done == tasks or time.monotonic() > deadline:
+            return reports, done
+        await asyncio.sleep(finals_poll_seconds(tasks))
 
 
 def finals_poll_seconds(tasks: int) -> float:

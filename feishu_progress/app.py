@@ -44,6 +44,7 @@ from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.observe import write_observer
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.feishu.ws import LongConnection
 from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
@@ -75,7 +76,6 @@ from feishu_progress.web.openapi import OPENAPI_PATH, openapi_routes
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from feishu_progress.feishu.ws import LongConnection
     from feishu_progress.sandbox.server import RunningSandbox
     from feishu_progress.sandbox.state import SandboxState
     from feishu_progress.tracing import Tracing
@@ -293,7 +293,7 @@ async def _start(app: web.Application, setup: Setup, stack: AsyncExitStack) -> S
         stopper=Stopper(setup.clock),
         agent_db=agent_db,
         sandbox=sandbox,
-        long_connection=_long_connection(setup, apps, pipeline),
+        long_connections=_long_connections(setup, apps, pipeline),
     )
     _start_loops(services)
     collector = StateCollector(services)  # read at each scrape while the app runs
@@ -301,7 +301,7 @@ async def _start(app: web.Application, setup: Setup, stack: AsyncExitStack) -> S
     stack.callback(setup.metrics.registry.unregister, collector)
     app[SERVICES] = services
     await _start_admin(app, services, stack)
-    _start_long_connection(services)
+    _start_long_connections(services)
     return services
 
 
@@ -513,38 +513,41 @@ async def _start_admin(app: web.Application, services: Services, stack: AsyncExi
     services.background.spawn(watch_readiness(deps.checks, services.stopper), name="readiness-gauges")
 
 
-def _long_connection(setup: Setup, apps: AppRegistry, pipeline: CallbackPipeline) -> LongConnection | None:
-    """The receiver of the app in ws mode (at most one, apps_file.py: lark-oapi allows one per process)."""
-    app = next((app for app in apps if app.feishu.mode == "ws"), None)
-    if app is None:
-        return None
-    from feishu_progress.feishu.ws import WsCallbackBridge, long_connection
-
-    bridge = WsCallbackBridge(
-        pipeline, asyncio.get_running_loop(), observe=setup.metrics.callback_latency.observe, app=app.name
-    )
-    feishu = app.feishu
-    secret = feishu.app_secret.get_secret_value() if feishu.app_secret is not None else None
-    return long_connection(feishu.app_id, secret, feishu.base_url, bridge)
-
-
-def _start_long_connection(services: Services) -> None:
-    connection = services.long_connection
-    if connection is None:
-        return
-    connection.start()
-    log.info("long-connection (ws) receiver started in its own thread")
-
-
-async def _stop_long_connection(services: Services) -> None:
-    connection = services.long_connection
-    if connection is None:
-        return
-    # In a worker thread: joining on the loop would block the clicks the ws thread is handing over.
-    if not await asyncio.to_thread(connection.stop, LONG_CONNECTION_STOP_SECONDS):
-        log.error(
-            "shutdown: the long-connection thread did not stop within %.0f s", LONG_CONNECTION_STOP_SECONDS
+def _long_connections(
+    setup: Setup, apps: AppRegistry, pipeline: CallbackPipeline
+) -> dict[str, LongConnection]:
+    """One long connection per app in ws mode, all built (credentials checked) before any starts."""
+    return {
+        app.name: LongConnection(
+            app.name,
+            app.feishu,
+            pipeline,
+            max_payload_bytes=setup.settings.callback.max_body_bytes,
+            observe=setup.metrics.callback_latency.observe,
+            clock=setup.clock,
         )
+        for app in apps
+        if app.feishu.mode == "ws"
+    }
+
+
+def _start_long_connections(services: Services) -> None:
+    """Each on this loop, each reconnecting on its own."""
+    for connection in services.long_connections.values():
+        connection.start()
+        log.info("long connection (ws) of app %s started", connection.app)
+
+
+async def _stop_long_connections(services: Services) -> None:
+    connections = list(services.long_connections.values())
+    stopped = await asyncio.gather(*(c.stop(LONG_CONNECTION_STOP_SECONDS) for c in connections))
+    for connection, done in zip(connections, stopped, strict=True):
+        if not done:
+            log.error(
+                "shutdown: the long connection of app %s did not stop within %.0f s",
+                connection.app,
+                LONG_CONNECTION_STOP_SECONDS,
+            )
 
 
 async def _flush_cards(apps: AppRegistry) -> None:
@@ -557,7 +560,7 @@ async def _flush_cards(apps: AppRegistry) -> None:
 
 async def _stop(services: Services) -> None:
     started = time.monotonic()
-    await _stop_long_connection(services)  # first: no clicks arrive while the rest winds down
+    await _stop_long_connections(services)  # first: no clicks arrive while the rest winds down
     services.stopper.stop()  # the loops end after their current pass; drained below
     # Handed over (cluster mode, live peers): they write this instance's cards; else flushed here.
     if not await services.topology.hand_over(services.apps, services.service):

@@ -175,10 +175,3 @@ def _refuse_duplicates(path: str, specs: list[AppSpec]) -> None:
         if app_id in seen:
             raise ConfigError(f"{path}: app {spec.name!r}: app_id {app_id!r} is app {seen[app_id]!r}'s too")
         seen[app_id] = spec.name
-    ws = [spec.name for spec in specs if spec.feishu.mode == "ws"]
-    if len(ws) > 1:
-        # lark-oapi's ws client binds a module-global event loop (feishu/ws.py): one per process.
-        raise ConfigError(
-            f'{path}: apps {", ".join(map(repr, ws))} all use mode = "ws": one process can hold one '
-            "long connection; run the others in webhook mode (or in another deployment)"
-        )

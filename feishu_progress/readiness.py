@@ -16,7 +16,7 @@ from feishu_progress.waiting import Stopper
 from feishu_progress.web.admin import AdminDeps, ReadinessCheck
 
 if TYPE_CHECKING:
-    from feishu_progress.feishu.ws import LongConnection
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,11 @@ def admin_deps(services: Services) -> AdminDeps:
         "feishu_token": lambda: _feishu_token(services),
         "scheduler": lambda: _scheduler(services),
     }
-    agent_db, connection = services.agent_db, services.long_connection
+    agent_db = services.agent_db
     if agent_db is not None:  # attach mode
         checks["subagents_database"] = lambda: _agent_database(agent_db)
-    if connection is not None:  # an app in ws mode
-        checks["long_connection"] = lambda: _long_connection(connection)
+    if services.long_connections:  # apps in ws mode
+        checks["long_connection"] = lambda: _long_connection(services)
     checks |= services.topology.readiness()  # single: the database holder; cluster: the lease
     degradations = {"feishu": lambda: _feishu_outage(services), "cardkit": lambda: _cardkit(services)}
     degradations |= services.topology.degradations()  # cluster: Redis
@@ -110,7 +110,7 @@ def _outage(services: Services, app: AppContext) -> str | None:
 
 
 async def app_entries(services: Services) -> dict[str, object]:
-    """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope and breaker."""
+    """``/readyz``'s ``apps``: per app its mode, platform, token, CardKit scope, breaker, long connection."""
     apps = list(services.apps)
     tokens = await asyncio.gather(*(_token_problem(app) for app in apps), return_exceptions=True)
     creator = services.service.creator
@@ -122,9 +122,18 @@ async def app_entries(services: Services) -> dict[str, object]:
             "token": "ok" if token is None else (token if isinstance(token, str) else type(token).__name__),
             "cardkit": creator.cardkit_problem(app),
             "outage": _outage(services, app),
+            "connection": _connection(services, app.name),
         }
         for app, token in zip(apps, tokens, strict=True)
     }
+
+
+def _connection(services: Services, app: str) -> str | None:
+    """A ws app's long connection: "ok" or why not; None for a webhook app."""
+    connection = services.long_connections.get(app)
+    if connection is None:
+        return None
+    return connection.problem() or "ok"
 
 
 async def _token_problem(app: AppContext) -> str | None:
@@ -163,8 +172,15 @@ async def _scheduler(services: Services) -> str | None:
     )
 
 
-async def _long_connection(connection: LongConnection) -> str | None:
-    return connection.problem()
+async def _long_connection(services: Services) -> str | None:
+    """Every ws app's connection must be up; the problem names the app when there are several."""
+    if not services.long_connections:
+        return "long-connection receiver not started"
+    problems = {name: connection.problem() for name, connection in services.long_connections.items()}
+    if len(problems) == 1:
+        return next(iter(problems.values()))
+    down = [f"app {name}: {problem}" for name, problem in problems.items() if problem is not None]
+    return "; ".join(down) or None
 
 
 def live_cards(services: Services) -> list[dict[str, object]]:

@@ -59,7 +59,7 @@ class Services(Setup):
     stopper: Stopper  # ends the periodic loops at shutdown
     agent_db: Database | None  # only in attach mode (FP_SUBAGENTS__DATABASE_URL), read-only
     sandbox: RunningSandbox | None  # only in sandbox mode (no Feishu credentials)
-    long_connection: LongConnection | None  # only when an app's mode is ws (at most one)
+    long_connections: dict[str, LongConnection]  # by app, the apps in ws mode only
 
     @property
     def client(self) -> FeishuClient:

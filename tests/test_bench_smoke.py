@@ -40,6 +40,15 @@ async def test_load_smoke_ours_and_naive() -> None:
     assert result.tasks == 5
 
 
+async def test_multi_app_smoke_one_app_and_two() -> None:
+    multi_app = _bench("multi_app")
+    for config, apps in (("one app", {"default"}), ("two apps", {"research", "sales"})):
+        result = await multi_app.one_run(config, tasks=4, seconds=1.0, scale=1.0, flush=0.25, seed=0)
+        assert set(result.per_app) == apps, config
+        assert all(app.finals_pct == 100.0 for app in result.per_app.values()), config
+        assert result.lookups_per_task > 0 and result.lookup_ns > 0, config
+
+
 def test_micro_smoke() -> None:
     micro = _bench("micro")
     build_ms, total_ms, size = micro.time_build(micro.typical_model(), 2)

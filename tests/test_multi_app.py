@@ -59,12 +59,17 @@ def apps_toml(base_urls: Mapping[str, str], extra: str = "") -> str:
     return "\n".join(tables) + extra
 
 
-@pytest.fixture
-def app_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def set_app_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each app's secrets in the env vars its table in the apps file names."""
     for name, (_, secret, key, vtoken) in APPS.items():
         monkeypatch.setenv(f"FP_APP_{name.upper()}_SECRET", secret)
         monkeypatch.setenv(f"FP_APP_{name.upper()}_ENCRYPT_KEY", key)
         monkeypatch.setenv(f"FP_APP_{name.upper()}_VERIFICATION_TOKEN", vtoken)
+
+
+@pytest.fixture
+def app_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_app_env(monkeypatch)
 
 
 @pytest.fixture
@@ -304,11 +309,6 @@ def test_an_apps_file_takes_its_secrets_only_by_env_reference(tmp_path: Path) ->
             ["'b'", "cli_a"],
         ),
         ('[apps.a]\napp_id = "cli_a"\napp_secret_env = "S"\n', ["app 'a'", "encrypt_key_env"]),
-        (
-            '[apps.a]\napp_id = "cli_a"\napp_secret_env = "S"\nmode = "ws"\n'
-            '[apps.b]\napp_id = "cli_b"\napp_secret_env = "S2"\nmode = "ws"\n',
-            ["'a'", "'b'", "ws"],
-        ),
         ('[apps."Bad Name"]\napp_id = "x"\n', ["'Bad Name'"]),
         ("[apps.a\n", ["not valid TOML"]),
         ("[other]\n", ["'other'"]),
@@ -329,6 +329,18 @@ def test_a_bad_apps_file_stops_the_service_before_it_serves(tmp_path: Path) -> N
     settings = Settings(_env_file=None, apps_file=str(path), api=ApiSettings(token=API_TOKEN))
     with pytest.raises(ConfigError, match="FP_NOT_SET_ANYWHERE"):
         create_app(settings, registry=CollectorRegistry())
+
+
+def test_several_apps_may_use_the_long_connection(tmp_path: Path) -> None:
+    text = (
+        '[apps.a]\napp_id = "cli_a"\napp_secret_env = "S"\nmode = "ws"\n'
+        '[apps.b]\napp_id = "cli_b"\napp_secret_env = "S2"\nmode = "ws"\ndomain = "lark"\n'
+    )
+    specs = _specs(tmp_path, text, ENV)
+    assert [(spec.name, spec.feishu.mode, spec.feishu.base_url) for spec in specs] == [
+        ("a", "ws", "https://open.feishu.cn"),
+        ("b", "ws", "https://open.larksuite.com"),
+    ]
 
 
 def test_without_an_apps_file_there_is_one_default_app() -> None:

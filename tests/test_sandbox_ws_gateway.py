@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from lark_oapi.ws.client import _new_ping_frame
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame as SdkFrame
 
+from feishu_progress.feishu.ws_frames import Frame, FrameError, Method, decode_frame, encode_frame
+from feishu_progress.feishu.ws_protocol import ENDPOINT_PATH, ClientConfig
 from feishu_progress.sandbox.clicks import card_action_payload
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
-from feishu_progress.sandbox.ws_frames import Frame, FrameError, Method, decode_frame, encode_frame
-from feishu_progress.sandbox.ws_gateway import ENDPOINT_PATH, ClientConfig
 
 APP_ID, APP_SECRET = "cli_gw", "gw-secret"
 CONFIG = ClientConfig(reconnect_count=-1, reconnect_interval=7, reconnect_nonce=0, ping_interval=9)

@@ -1,16 +1,15 @@
-"""The service in FP_FEISHU__MODE=ws, end to end: lark-oapi's ws.Client against the sandbox's gateway.
+"""The service in ws mode, end to end: our long-connection client against the sandbox's gateway.
 
-The app runs in-process (SQLite, the sandbox over real HTTP and a real websocket); the SDK's client
-runs in its own thread, exactly as in production. These tests wait on real time (a reconnect takes
-the gateway's 1 s ReconnectInterval; the first SDK import ~5 s), so every wait is bounded.
+The app runs in-process (SQLite, the sandbox over real HTTP and a real websocket), exactly as in
+production. These tests wait on real time (a reconnect takes the gateway's 1 s ReconnectInterval), so
+every wait is bounded. The last ones run two apps, each on its own sandbox, each in ws mode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import ADMIN_URL, SERVICES, create_app
-from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
-from feishu_progress.errors import ConfigError
-from feishu_progress.feishu.callback import MemoryDeduper
-from feishu_progress.feishu.pipeline import CallbackPipeline
-from feishu_progress.feishu.ws import (
-    SILENT_PING_INTERVALS,
-    THREAD_NAME,
-    WsCallbackBridge,
-    start_long_connection,
-)
+from feishu_progress.feishu.ws import SILENT_PING_INTERVALS
+from feishu_progress.feishu.ws_protocol import ClientConfig
 from feishu_progress.i18n import Msg, translate
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
-from feishu_progress.sandbox.ws_gateway import ClientConfig, Delivery
-from tests.test_callback_support import RecordingHandler
+from feishu_progress.sandbox.ws_gateway import Delivery
+from tests.test_multi_app import APPS, set_app_env, settings_for
 
 pytestmark = pytest.mark.ws
 
@@ -45,24 +36,24 @@ REQUESTER, CHAT = "ou_requester", "oc_ws"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 # Feishu's own values are 120 s / 30 s / 120 s; the sandbox's are short so a reconnect takes ~1 s.
 FAST = ClientConfig(reconnect_count=-1, reconnect_interval=1, reconnect_nonce=0, ping_interval=1)
-CONNECT_SECONDS = 30.0  # the first connect includes importing lark-oapi in the ws thread
+CONNECT_SECONDS = 10.0
 FEISHU_DEADLINE_SECONDS = 3.0
 
 Client = TestClient[Any, Any]
 
 
-def _receiver_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
+def _receivers() -> list[asyncio.Task[object]]:
+    return [task for task in asyncio.all_tasks() if task.get_name().startswith("long-connection-")]
 
 
 @pytest.fixture(autouse=True)
-def no_receiver_outlives_its_test() -> Iterator[None]:
-    """The SDK thread must end with the app that started it, even when the test failed."""
+async def no_receiver_outlives_its_test() -> AsyncIterator[None]:
+    """A long connection must end with the app that started it, even when the test failed."""
     yield
-    leaked = _receiver_threads()
-    for thread in leaked:
-        thread.join(5.0)
-    assert not [thread for thread in leaked if thread.is_alive()], "the long-connection thread leaked"
+    leaked = _receivers()
+    for task in leaked:
+        task.cancel()
+    assert not leaked, "a long-connection task leaked"
 
 
 @pytest.fixture
@@ -106,8 +97,10 @@ async def _until(condition: Callable[[], bool], seconds: float, what: str) -> No
         await asyncio.sleep(0.02)
 
 
-async def _create_task(client: Client) -> tuple[int, str]:
+async def _create_task(client: Client, app: str | None = None) -> tuple[int, str]:
     body = {"receive_id": CHAT, "receive_id_type": "chat_id", "requester_open_id": REQUESTER, "title": "ws"}
+    if app is not None:
+        body["app"] = app
     response = await client.post("/v1/tasks", json=body, headers=AUTH)
     assert response.status == 201, await response.text()
     data = await response.json()
@@ -200,28 +193,31 @@ async def test_readyz_follows_the_connection_and_a_click_during_an_outage_is_not
     assert await _actions(client, session_id) == [("cancel", REQUESTER)]
 
 
-async def test_a_gateway_that_stops_answering_pings_makes_readyz_fail(
+async def test_a_gateway_that_stops_answering_pings_is_left_and_readyz_says_so(
     client: Client, sandbox: RunningSandbox
 ) -> None:
     await _until_ready(client, ready=True, seconds=5)
-    sandbox.gateway.answer_pings = False  # connected, but silent: a dead connection (lark-oapi #144)
+    sandbox.gateway.answer_pings = False  # connected, but silent: a dead connection
+    sandbox.gateway.available = False  # and no new one to be had yet
     silent = SILENT_PING_INTERVALS * FAST.ping_interval
     stale = await _until_ready(client, ready=False, seconds=silent + 5)
-    assert "no frame from the gateway" in stale["reasons"]["long_connection"]
-    sandbox.gateway.answer_pings = True
+    assert "down" in stale["reasons"]["long_connection"]
+    assert sandbox.gateway.connection_count == 0  # the client closed the silent connection itself
+    sandbox.gateway.answer_pings = sandbox.gateway.available = True
     await _until_ready(client, ready=True, seconds=5)
+    assert sandbox.gateway.connects == 2
 
 
-async def test_stopping_the_app_stops_the_receiver_thread_and_closes_its_connection(
+async def test_stopping_the_app_stops_the_receiver_and_closes_its_connection(
     sandbox: RunningSandbox, tmp_path: Path
 ) -> None:
     app = create_app(_settings(sandbox, tmp_path), registry=CollectorRegistry())
     async with TestClient(TestServer(app)):
         await _until(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
-        assert len(_receiver_threads()) == 1
+        assert len(_receivers()) == 1
         started = time.monotonic()
     assert time.monotonic() - started < 5  # the whole app shutdown, receiver first
-    assert _receiver_threads() == []
+    assert _receivers() == []
     await _until(lambda: sandbox.gateway.connection_count == 0, 5, "the gateway to see the close")
 
 
@@ -251,34 +247,81 @@ async def test_without_credentials_ws_mode_connects_to_the_in_process_sandboxs_g
         assert answer.body is not None and answer.body["toast"]["type"] == "success"
 
 
-async def test_stop_ends_a_client_still_waiting_to_reconnect_and_one_runs_per_process(
-    sandbox: RunningSandbox,
+# -- two apps, each on its own sandbox (its own gateway), each in ws mode --------------------------------
+
+
+@pytest.fixture
+async def two_sandboxes() -> AsyncIterator[dict[str, RunningSandbox]]:
+    research, sales = APPS["research"], APPS["sales"]
+    async with (
+        run_sandbox(
+            SandboxConfig(app_id=research[0], app_secret=research[1], id_prefix="research"),
+            ws_client_config=FAST,
+        ) as first,
+        run_sandbox(
+            SandboxConfig(app_id=sales[0], app_secret=sales[1], id_prefix="sales"), ws_client_config=FAST
+        ) as second,
+    ):
+        yield {"research": first, "sales": second}
+
+
+@pytest.fixture
+async def two_apps(
+    monkeypatch: pytest.MonkeyPatch,
+    two_sandboxes: dict[str, RunningSandbox],
+    tmp_path: Path,
+    aiohttp_client: Any,
+) -> Client:
+    set_app_env(monkeypatch)
+    settings = settings_for(tmp_path, two_sandboxes).model_copy(update={"api": ApiSettings(token=API_TOKEN)})
+    assert settings.apps_file is not None
+    apps_file = Path(settings.apps_file)
+    apps_file.write_text(apps_file.read_text().replace('mode = "webhook"', 'mode = "ws"'))
+    test_client: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    gateways = [sandbox.gateway for sandbox in two_sandboxes.values()]
+    await _until(lambda: all(g.connection_count == 1 for g in gateways), CONNECT_SECONDS, "both connections")
+    return test_client
+
+
+async def _toast(delivery: Delivery) -> str:
+    answer = await delivery.wait(FEISHU_DEADLINE_SECONDS)
+    assert answer.code == 200 and answer.body is not None
+    return str(answer.body["toast"]["type"])
+
+
+async def test_two_apps_in_ws_mode_take_each_click_on_its_own_connection(
+    two_apps: Client, two_sandboxes: dict[str, RunningSandbox]
 ) -> None:
-    sandbox.gateway.available = False  # Feishu down at startup: the first connect fails
-    pipeline = CallbackPipeline(RecordingHandler(), MemoryDeduper(60), ("zh_cn",), BackgroundTasks())
-    bridge = WsCallbackBridge(pipeline, asyncio.get_running_loop())
-    connection = start_long_connection(APP_ID, APP_SECRET, sandbox.base_url, bridge)
-    try:
-        await _until(lambda: sandbox.gateway.discoveries >= 1, CONNECT_SECONDS, "a discovery attempt")
-        # lark-oapi now sleeps up to its ReconnectNonce (30 s) before retrying.
-        assert connection.problem() == "long connection not established yet"
-        with pytest.raises(ConfigError, match="already running"):
-            start_long_connection(APP_ID, APP_SECRET, sandbox.base_url, bridge)
-    finally:
-        started = time.monotonic()
-        stopped = await asyncio.to_thread(connection.stop, 5.0)
-    assert stopped and time.monotonic() - started < 2
-    assert connection.problem() == "long-connection receiver thread is not running"
-    assert sandbox.gateway.connects == 0
+    tasks = {name: await _create_task(two_apps, name) for name in APPS}
+    # Research's card clicked over sales' connection: tagged sales, so not sales' card to act on.
+    assert await _toast(await _push_cancel(two_sandboxes["sales"], *tasks["research"])) == "error"
+    for name, sandbox in two_sandboxes.items():
+        assert await _toast(await _push_cancel(sandbox, *tasks[name])) == "success"
+        assert await _actions(two_apps, tasks[name][0]) == [("cancel", REQUESTER)]
+    ready = await _until_ready(two_apps, ready=True, seconds=5)
+    assert {name: entry["connection"] for name, entry in ready["apps"].items()} == {
+        "research": "ok",
+        "sales": "ok",
+    }
 
 
-async def test_a_refused_app_secret_ends_the_receiver_and_says_so(sandbox: RunningSandbox) -> None:
-    pipeline = CallbackPipeline(RecordingHandler(), MemoryDeduper(60), ("zh_cn",), BackgroundTasks())
-    bridge = WsCallbackBridge(pipeline, asyncio.get_running_loop())
-    connection = start_long_connection(APP_ID, "wrong-secret", sandbox.base_url, bridge)
-    try:
-        await _until(lambda: not connection.alive, CONNECT_SECONDS, "lark-oapi to give up on code 10014")
-    finally:
-        assert await asyncio.to_thread(connection.stop, 5.0)
-    assert connection.problem() == "long-connection receiver thread is not running"
-    assert (sandbox.gateway.discoveries, sandbox.gateway.connects) == (1, 0)
+async def test_one_apps_gateway_dropped_and_back_reconnects_only_that_app(
+    two_apps: Client, two_sandboxes: dict[str, RunningSandbox]
+) -> None:
+    research, sales = two_sandboxes["research"].gateway, two_sandboxes["sales"].gateway
+    research.available = False
+    assert await research.drop_all() == 1
+    down = await _until_ready(two_apps, ready=False, seconds=5)
+    reason = down["reasons"]["long_connection"]
+    assert "app research: long connection down" in reason and "app sales" not in reason
+    assert "down" in down["apps"]["research"]["connection"] and down["apps"]["sales"]["connection"] == "ok"
+    # Sales keeps its first connection, and its clicks are answered while research is away.
+    sales_task = await _create_task(two_apps, "sales")
+    assert await _toast(await _push_cancel(two_sandboxes["sales"], *sales_task)) == "success"
+    research_task = await _create_task(two_apps, "research")
+    pushed = await _push_cancel(two_sandboxes["research"], *research_task)
+    research.available = True
+    assert await _toast(pushed) == "success"  # after research's next retry (1 s): not lost
+    await _until_ready(two_apps, ready=True, seconds=5)
+    assert (research.connects, sales.connects) == (2, 1)
+    assert await _actions(two_apps, research_task[0]) == [("cancel", REQUESTER)]

@@ -2,7 +2,7 @@
 
 Both transports hand a parsed ``CardActionEvent`` to ``CallbackPipeline.answer``: the webhook
 (``web/callbacks.py``) after verifying and decrypting the request, the long connection
-(``feishu/ws.py``) after converting lark-oapi's trigger. Nothing here knows about HTTP or frames.
+(``feishu/ws.py``) after decoding a data frame. Nothing here knows about HTTP or frames.
 
 * A click whose event id or callback token was seen before gets a neutral toast and no action.
 * The action handler runs as a task of the service's background holder and is given ``reply_timeout``

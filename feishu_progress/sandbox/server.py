@@ -23,11 +23,12 @@ from aiohttp import web
 
 # The header the service's client names its instance with (sent to any host but Feishu's own).
 from feishu_progress.feishu.client import INSTANCE_HEADER
+from feishu_progress.feishu.ws_protocol import ClientConfig
 from feishu_progress.sandbox.cardkit import CardKit
 from feishu_progress.sandbox.faults import Fault, FaultKind
 from feishu_progress.sandbox.state import Answer, SandboxConfig, SandboxMessage, SandboxState
 from feishu_progress.sandbox.updates import overlaps
-from feishu_progress.sandbox.ws_gateway import ClientConfig, WsGateway
+from feishu_progress.sandbox.ws_gateway import WsGateway
 from feishu_progress.web.http import serving
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

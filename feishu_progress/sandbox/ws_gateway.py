@@ -1,6 +1,7 @@
 """Feishu's long-connection side for the sandbox: endpoint discovery and the websocket gateway.
 
-What lark-oapi's ``ws.Client`` (1.7.5, ``lark_oapi/ws/client.py``) expects of Feishu, and what this does:
+What a long-connection client (ours, ``feishu/ws.py``; lark-oapi's ``ws.Client`` 1.7.5) expects of
+Feishu, and what this does (``feishu/ws_protocol.py`` is the client's half):
 
 1. ``POST /callback/ws/endpoint`` with ``{"AppID", "AppSecret"}`` answers
    ``{"code": 0, "data": {"URL": "ws://…/ws/v2?device_id=…&service_id=…&ticket=…", "ClientConfig": {…}}}``.
@@ -46,33 +47,15 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from feishu_progress.sandbox.ws_frames import Frame, FrameError, Method, decode_frame, encode_frame
+from feishu_progress.feishu.ws_frames import Frame, FrameError, Method, decode_frame, encode_frame
+from feishu_progress.feishu.ws_protocol import ENDPOINT_PATH, ClientConfig
 
-ENDPOINT_PATH = "/callback/ws/endpoint"
 GATEWAY_PATH = "/ws/v2"
 APP_SECRET_INVALID = 10014
 SERVICE_ID = 33554678  # any int32; the client echoes it in its pings
 CLOSE_TIMEOUT_SECONDS = 2.0  # a client that never answers our close must not stall the sandbox's shutdown
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientConfig:
-    """What Feishu tells the client about reconnecting and pinging (seconds; Feishu's defaults)."""
-
-    reconnect_count: int = -1  # -1: forever
-    reconnect_interval: int = 120
-    reconnect_nonce: int = 30  # the first retry waits random() * nonce seconds
-    ping_interval: int = 120
-
-    def to_json(self) -> dict[str, int]:
-        return {
-            "ReconnectCount": self.reconnect_count,
-            "ReconnectInterval": self.reconnect_interval,
-            "ReconnectNonce": self.reconnect_nonce,
-            "PingInterval": self.ping_interval,
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The long connection's wire format: protobuf ``pbbp2.Frame``, encoded and decoded by hand.
 
-lark-oapi ships the generated class (``lark_oapi.ws.pb.pbbp2_pb2.Frame``), but importing anything under
-``lark_oapi`` costs ~5 s and ~170 MB and lark-oapi is an optional extra, while the sandbox runs in the
-demo and in every test. The message is small (proto2)::
+Both sides use it: our long-connection client (``feishu/ws.py``) and the sandbox's gateway
+(``sandbox/ws_gateway.py``). lark-oapi ships the generated class (``lark_oapi.ws.pb.pbbp2_pb2.Frame``),
+but importing anything under ``lark_oapi`` costs ~5 s and ~170 MB, and the message is small (proto2)::
 
     message Header { required string key = 1; required string value = 2; }
     message Frame {
