@@ -53,14 +53,19 @@ def saved(name: str) -> str:
 
 def test_a_v2_snapshot_of_a_waiting_task_restores_everything_it_holds() -> None:
     state = state_from_record(record(saved("v2_waiting.json"), TaskStatus.WAITING, disliked=True))
-    card = state.card_state()
+    shown = state.card_state()
+    card = shown.panels
     assert (card.status, card.round, card.disliked, card.notice) == (
         TaskStatus.WAITING,
         3,
         True,
         Notice.APPROVED,
     )
-    assert (state.title, card.content, card.content_chars) == ("部署 staging", "正在部署 <b>staging</b>…", 20)
+    assert (state.title, shown.content, shown.content_chars) == (
+        "部署 staging",
+        "正在部署 <b>staging</b>…",
+        20,
+    )
     assert [(t.call_id, t.name, t.args, t.result, t.finished) for t in card.tools] == [
         ("c1", "bash", {"command": "make deploy"}, {"exit_code": 0, "stdout": "ok\n"}, True),
         ("c2", "read_file", {"path": "/tmp/a.png"}, None, False),
@@ -83,7 +88,8 @@ def test_a_v2_snapshot_of_a_waiting_task_restores_everything_it_holds() -> None:
 
 def test_a_v2_snapshot_of_a_failed_task_keeps_its_dropped_calls_and_its_end() -> None:
     state = state_from_record(record(saved("v2_failed.json"), TaskStatus.FAILED, round=7, title=None))
-    card = state.card_state()
+    shown = state.card_state()
+    card = shown.panels
     assert len(card.tools) == MAX_TOOLS_KEPT and card.earlier_tools == 2 and card.tools[0].call_id == "k2"
     assert (card.error, card.notice, card.finished_at) == ("OOM: 内存不足", Notice.RETRYING, 1_700_000_500.0)
     assert state.retry_requested and state.title == ""
@@ -91,8 +97,9 @@ def test_a_v2_snapshot_of_a_failed_task_keeps_its_dropped_calls_and_its_end() ->
 
 def test_a_v1_snapshot_restores_with_defaults_for_what_it_did_not_hold() -> None:
     state = state_from_record(record(saved("v1_running.json"), round=2))
-    card = state.card_state()
-    assert (state.title, card.content, card.content_chars, card.earlier_tools) == (
+    shown = state.card_state()
+    card = shown.panels
+    assert (state.title, shown.content, shown.content_chars, card.earlier_tools) == (
         "旧版快照",
         "v1 的正文",
         6,
@@ -104,7 +111,7 @@ def test_a_v1_snapshot_restores_with_defaults_for_what_it_did_not_hold() -> None
     assert (state.actions_applied, state.events_applied, state.started_at) == (0, 0, 1_690_000_000.0)
     # The ids it answered are still refused a second time.
     state.apply_action("approval", {"approval_id": "p8", "approved": True})
-    assert state.card_state().notice is Notice.CANCELLING
+    assert state.card_state().panels.notice is Notice.CANCELLING
 
 
 @pytest.mark.parametrize("name", ["v2_waiting.json", "v2_failed.json"])
@@ -118,7 +125,8 @@ def test_a_restored_v2_snapshot_saves_what_it_loaded(name: str) -> None:
 @pytest.mark.parametrize("damaged", ["", "not json", "[1, 2]"])
 def test_a_damaged_snapshot_leaves_the_row_s_columns_and_defaults(damaged: str) -> None:
     state = state_from_record(record(damaged, TaskStatus.WAITING, disliked=True))
-    card = state.card_state()
+    shown = state.card_state()
+    card = shown.panels
     assert (card.status, card.round, card.disliked, state.title) == (TaskStatus.WAITING, 3, True, "会话标题")
     assert card.tools == () and state.started_at == T0.timestamp()
 
@@ -127,5 +135,5 @@ def test_an_upload_in_flight_is_shown_but_never_saved() -> None:
     state = TaskState(session_id=1, requester_open_id="ou", receive_id="oc", receive_id_type="chat_id")
     state.apply(ev.ToolStartedEvent(type="tool_started", call_id="c1", name="read_file"))
     state.images_on_their_way(["/tmp/x.png"])
-    assert dict(state.card_state().image_keys) == {"/tmp/x.png": IMAGE_UPLOADING}
+    assert dict(state.card_state().panels.image_keys) == {"/tmp/x.png": IMAGE_UPLOADING}
     assert json.loads(state.to_snapshot())["image_keys"] == {}

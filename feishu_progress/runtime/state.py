@@ -24,6 +24,7 @@ from feishu_progress.domain import (
     IMAGE_UPLOADING,
     AskOption,
     AskQuestion,
+    CardPanels,
     CardState,
     Notice,
     PendingApproval,
@@ -336,11 +337,9 @@ class TaskState:
     # ----------------------------------------------------------------- views
     def card_state(self) -> CardState:
         """What the live card shows."""
-        return CardState(
+        panels = CardPanels(
             status=self.status,
             round=self.round,
-            content=self.content,
-            content_chars=self.content_chars,
             tools=tuple(self.tools.values()),
             earlier_tools=self.tools_dropped,
             pending_asks=tuple(self.pending_asks.values()),
@@ -351,6 +350,7 @@ class TaskState:
             image_keys={**dict.fromkeys(self.uploading_images, IMAGE_UPLOADING), **self.image_keys},
             finished_at=self.finished_at if self.status.is_terminal else None,
         )
+        return CardState(panels, self.content, self.content_chars)
 
     # ----------------------------------------------------------------- snapshot
     def snapshot_dict(self) -> dict[str, Any]:
