@@ -65,8 +65,8 @@ def _replayed(state: TaskState, action: str) -> None:
 
 
 def _effect(state: TaskState) -> dict[str, Any]:
-    seen = state.snapshot_dict()
-    seen.pop("actions_applied", None)
+    seen = dict(vars(state))  # the whole state: a click changes more than its snapshot (disliked)
+    seen.pop("actions_applied")
     return seen
 
 

@@ -19,7 +19,7 @@ from feishu_progress.db.repo import TaskRecord
 from feishu_progress.domain import IMAGE_UPLOADING, Notice, TaskStatus
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.snapshots import state_from_record
-from feishu_progress.runtime.state import MAX_TOOLS_KEPT, TaskState
+from feishu_progress.runtime.state import CONTENT_KEEP_CHARS, MAX_TOOLS_KEPT, TaskState, dump_snapshot
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -122,7 +122,7 @@ def test_a_restored_v2_snapshot_saves_what_it_loaded(name: str) -> None:
     assert again == json.loads(text)
 
 
-@pytest.mark.parametrize("damaged", ["", "not json", "[1, 2]"])
+@pytest.mark.parametrize("damaged", ["", "not json", "[1, 2]", '{"v": 2, "content": 5, "tools": "x"}'])
 def test_a_damaged_snapshot_leaves_the_row_s_columns_and_defaults(damaged: str) -> None:
     state = state_from_record(record(damaged, TaskStatus.WAITING, disliked=True))
     shown = state.card_state()
@@ -137,3 +137,34 @@ def test_an_upload_in_flight_is_shown_but_never_saved() -> None:
     state.images_on_their_way(["/tmp/x.png"])
     assert dict(state.card_state().panels.image_keys) == {"/tmp/x.png": IMAGE_UPLOADING}
     assert json.loads(state.to_snapshot())["image_keys"] == {}
+
+
+def test_a_damaged_field_is_dropped_alone_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    data = json.loads(saved("v2_waiting.json"))
+    data["approvals"] = [{"approval_id": "p1"}]  # no tool_name
+    data["notice"] = "a notice this version does not know"
+    state = state_from_record(record(json.dumps(data)))
+    panels = state.card_state().panels
+    assert panels.pending_approvals == () and panels.notice is None
+    assert [t.call_id for t in panels.tools] == ["c1", "c2"] and state.events_applied == 9
+    assert "approvals, notice" in caplog.text and "41" in caplog.text
+
+
+def test_an_unbounded_v1_snapshot_is_cut_to_today_s_bounds() -> None:
+    calls = [
+        {"call_id": f"t{i}", "name": "ls", "args": None, "result": None, "finished": True} for i in range(80)
+    ]
+    v1 = {"v": 1, "content": "长" * (CONTENT_KEEP_CHARS + 10), "tools": calls}
+    shown = state_from_record(record(json.dumps(v1))).card_state()
+    assert (len(shown.content), shown.content_chars) == (CONTENT_KEEP_CHARS, CONTENT_KEEP_CHARS + 10)
+    assert [t.call_id for t in shown.panels.tools] == [f"t{i}" for i in range(30, 80)]
+    assert shown.panels.earlier_tools == 30
+
+
+def test_a_detached_copy_keeps_what_the_state_held_when_it_was_taken() -> None:
+    state = state_from_record(record(saved("v2_waiting.json")))
+    copy = state.detached()
+    state.apply(ev.ToolStartedEvent(type="tool_started", call_id="c9", name="ls"))
+    state.answer("a1")
+    state.remember_batch("0" * 32)
+    assert json.loads(dump_snapshot(copy)) == json.loads(saved("v2_waiting.json"))

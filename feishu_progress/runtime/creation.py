@@ -138,9 +138,10 @@ class TaskCreator:
         uuid = first_card_uuid(state.session_id, key)
         app = self._apps.get(state.app)
         try:
-            if state.card_id is None:
-                state.card_id = await self._card_entity(app, state.session_id, first)
-            content = first if state.card_id is None else card_reference(state.card_id)
+            card_id = state.card_id
+            if card_id is None:
+                card_id = await self._card_entity(app, state.session_id, first)
+            content = first if card_id is None else card_reference(card_id)
             async with self._paced(app, "reply" if reply_to else "send"):
                 if reply_to:
                     message_id = await app.client.reply_card(reply_to, content, uuid)
@@ -155,7 +156,7 @@ class TaskCreator:
             await self._abandon(state.session_id, key, exc)
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
         await self._repo.set_message_id(state.session_id, message_id)
-        state.message_id = message_id
+        state.sent_as(message_id, card_id)  # not shared yet: attached right after
         self._registry.attach(state)
         return CreatedTask(state.session_id, message_id)
 

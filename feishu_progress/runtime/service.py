@@ -149,7 +149,7 @@ class TaskService:
         if state is None:
             return None
         if claim is not None:
-            state.fence = claim.fence
+            state.hold_at(claim.fence)
         if not await self.snapshots.new_epoch(state):
             log.warning("task %s: its card changed hands while it was loaded", session_id)
             return None
@@ -343,5 +343,9 @@ class TaskService:
     def card_stopped(self, card: Deliverable, reason: str) -> None:
         task = self.registry.by_message(card.message_id)
         if task is not None:
-            task.state.stop_reason = reason
-            self.snapshots.mark_dirty(task)
+            self.background.spawn(self._stopped(task, reason), name="card-stopped")
+
+    async def _stopped(self, task: Task, reason: str) -> None:
+        async with task.lock:  # like every change of the state: a batch may be mid-apply
+            task.state.card_stopped(reason)
+        self.snapshots.mark_dirty(task)
