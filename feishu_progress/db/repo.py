@@ -29,7 +29,7 @@ from feishu_progress.db.models import (
     TaskEventLog,
 )
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
-from feishu_progress.errors import TaskConflict, UnknownTask
+from feishu_progress.errors import TaskExists, UnknownTask
 from feishu_progress.group_commit import GroupCommit
 
 # VARCHAR(191) keys: longer ones are replaced by a digest, which keeps them unique and indexable.
@@ -245,7 +245,7 @@ class TaskRepository:
     async def create_task(self, task: NewTask) -> int:
         """Create the session and its RUNNING card row; returns the session id.
 
-        Raises ``TaskConflict`` when the runtime's session id or idempotency key is already taken.
+        Raises ``TaskExists`` when the runtime's session id or idempotency key is already taken.
         """
         try:
             async with self._db.session() as session:
@@ -255,7 +255,7 @@ class TaskRepository:
                 session.add(_task_card(row.id, task))
                 return row.id
         except IntegrityError:
-            raise TaskConflict("that session id or idempotency key is already taken") from None
+            raise TaskExists("that session id or idempotency key is already taken") from None
 
     async def find_by_idempotency_key(self, key: str) -> TaskRecord | None:
         """The task a runtime created with this Idempotency-Key, if any."""
@@ -274,7 +274,7 @@ class TaskRepository:
             )
             # The MySQL dialect counts matched rows (CLIENT.FOUND_ROWS), so 0 really means absent.
             if result.rowcount == 0:  # type: ignore[attr-defined]
-                raise UnknownTask(f"no task with session id {session_id}")
+                raise UnknownTask(session_id)
 
     async def set_message_id(self, session_id: int, message_id: str) -> None:
         """Remember the Feishu message the card lives in."""

@@ -34,7 +34,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.errors import EventRejected, TaskConflict
+from feishu_progress.errors import EventRejected, TaskFinished, TooManyImages
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.bounds import bound_json
 
@@ -159,7 +159,7 @@ class TaskState:
     def check_batch(self, events: Sequence[ev.Event]) -> None:
         """Refuse a batch this task cannot take, before any of it is applied."""
         if self.status.is_terminal and not self._revived_by(events[0]):
-            raise TaskConflict(f"task {self.session_id} has finished ({self.status.value})")
+            raise TaskFinished(f"task {self.session_id} has finished ({self.status.value})")
         for index, event in enumerate(events[:-1]):
             if isinstance(event, ev.FinishedEvent):
                 raise EventRejected(f"events[{index + 1}]", "no event may follow 'finished' in a batch")
@@ -281,7 +281,7 @@ class TaskState:
     def add_uploaded_image(self, ref: str, image_key: str) -> None:
         """An image the runtime uploaded (``POST /v1/tasks/{id}/images``): tool results may name ``ref``."""
         if ref not in self.image_keys and len(self.image_keys) >= MAX_IMAGE_KEYS:
-            raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
+            raise TooManyImages("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
         self.image_keys[ref] = image_key
 
     def images_on_their_way(self, refs: Iterable[str]) -> None:
