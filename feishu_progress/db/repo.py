@@ -10,7 +10,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -172,7 +172,6 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
         locale=task.locale,
         status=TaskStatus.RUNNING.value,
         round=0,
-        disliked=False,
         started_at=task.now,
         last_event_at=task.now,
         idempotency_key=None
@@ -186,16 +185,8 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
 
 
 def _state_params(row: StateRow) -> dict[str, Any]:
-    return {
-        "session_id": row.session_id,
-        "status": TaskStatus(row.status).value,
-        "round": row.round,
-        "snapshot": row.snapshot,
-        "last_event_at": row.last_event_at,
-        "finished_at": row.finished_at,
-        "disliked": row.disliked,
-        "stop_reason": row.stop_reason,
-    }
+    params = {name: getattr(row, name) for name in _STATE_FIELDS}
+    return params | {"session_id": row.session_id, "status": TaskStatus(row.status).value}
 
 
 def _action_record(row: TaskAction) -> ActionRecord:
@@ -233,7 +224,8 @@ class StateRow:
     fence: int = 0  # cluster mode: saved only while this fence is the card's (see ``save_states``)
 
 
-_STATE_FIELDS = ("status", "round", "snapshot", "last_event_at", "finished_at", "disliked", "stop_reason")
+# The task_card columns a save writes: StateRow's fields but the key and the fence it is conditioned on.
+_STATE_FIELDS = tuple(field.name for field in fields(StateRow) if field.name not in ("session_id", "fence"))
 
 
 class TaskRepository:
