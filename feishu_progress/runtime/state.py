@@ -90,11 +90,11 @@ def _by_key(key: str) -> Callable[[Any], Any]:
 
 # Records by id, saved as the list of their values in order (the snapshot's shape since v1).
 _AS_LIST = PlainSerializer(lambda by_id: list(by_id.values()))
-ToolsById = Annotated[dict[str, ToolCall], BeforeValidator(_by_key("call_id")), _AS_LIST]
-AsksById = Annotated[dict[str, PendingAsk], BeforeValidator(_by_key("ask_id")), _AS_LIST]
-ApprovalsById = Annotated[dict[str, PendingApproval], BeforeValidator(_by_key("approval_id")), _AS_LIST]
+_ToolsById = Annotated[dict[str, ToolCall], BeforeValidator(_by_key("call_id")), _AS_LIST]
+_AsksById = Annotated[dict[str, PendingAsk], BeforeValidator(_by_key("ask_id")), _AS_LIST]
+_ApprovalsById = Annotated[dict[str, PendingApproval], BeforeValidator(_by_key("approval_id")), _AS_LIST]
 # An insertion-ordered set of ids, saved as a list.
-IdSet = Annotated[
+_IdSet = Annotated[
     dict[str, None],
     BeforeValidator(lambda ids: dict.fromkeys(ids) if isinstance(ids, list) else ids),
     PlainSerializer(list),
@@ -128,12 +128,12 @@ class TaskState:
     round: int = 0
     content: InSnapshot[str] = ""
     content_chars: InSnapshot[int] = 0  # length of the whole content, of which ``content`` is the head
-    tools: InSnapshot[ToolsById] = field(default_factory=dict)
+    tools: InSnapshot[_ToolsById] = field(default_factory=dict)
     tools_dropped: InSnapshot[int] = 0  # older calls of this round no longer kept
-    pending_asks: InSnapshot[AsksById] = field(default_factory=dict)
-    answered_asks: InSnapshot[IdSet] = field(default_factory=dict)
-    approvals: InSnapshot[ApprovalsById] = field(default_factory=dict)
-    resolved_approvals: InSnapshot[IdSet] = field(default_factory=dict)
+    pending_asks: InSnapshot[_AsksById] = field(default_factory=dict)
+    answered_asks: InSnapshot[_IdSet] = field(default_factory=dict)
+    approvals: InSnapshot[_ApprovalsById] = field(default_factory=dict)
+    resolved_approvals: InSnapshot[_IdSet] = field(default_factory=dict)
     disliked: bool = False
     notice: InSnapshot[Notice | None] = None
     error: InSnapshot[str] = ""
@@ -148,7 +148,7 @@ class TaskState:
     actions_applied: InSnapshot[int] = 0  # the last action-log id whose effect this state carries
     events_applied: InSnapshot[int] = 0  # the last event-log seq of this task whose batch this state carries
     # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
-    applied_batches: InSnapshot[IdSet] = field(default_factory=dict)
+    applied_batches: InSnapshot[_IdSet] = field(default_factory=dict)
     # ... and the digest of each one's events (``request_digest``): the key reused for others is refused.
     batch_bodies: InSnapshot[dict[str, str]] = field(default_factory=dict)
     fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
