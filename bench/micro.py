@@ -31,6 +31,7 @@ from feishu_progress.domain import (
     AskOption,
     AskQuestion,
     CardModel,
+    CardPanels,
     PendingAsk,
     SubagentSummary,
     TaskStatus,
@@ -58,11 +59,9 @@ def typical_model() -> CardModel:
     )
     return CardModel(
         session_id=1,
-        status=TaskStatus.RUNNING,
-        round=12,
+        panels=CardPanels(status=TaskStatus.RUNNING, round=12, tools=tools),
         content="我先梳理一下**进度卡**的更新链路,再派两个子代理并行处理。\n" * 30,
         title="调研飞书卡片限流并修复进度卡",
-        tools=tools,
         subagents=subagents,
         elapsed_ms=192_000,
         session_detail_url="https://agent.example.com/sessions/1",
@@ -92,14 +91,11 @@ def worst_model() -> CardModel:
     )
     return CardModel(
         session_id=2,
-        status=TaskStatus.RUNNING,
-        round=999,
+        panels=CardPanels(status=TaskStatus.RUNNING, round=999, tools=tools, pending_asks=asks),
         content="# 巨大的输出\n" + "```python\n" + "print('飞书')\n" * 80_000,
         title="超" * 1000,
-        tools=tools,
         subagents=subagents,
         elapsed_ms=86_400_000,
-        pending_asks=asks,
         session_detail_url="https://agent.example.com/sessions/2",
     )
 

@@ -138,7 +138,7 @@ class NaiveService:
         message_id = await self.client.send_card(
             body.receive_id, body.receive_id_type, card.card, f"naive-{session_id}"
         )
-        state.message_id = message_id
+        state.sent_as(message_id)
         self.cards[session_id] = card
         card.timers = [
             asyncio.create_task(self._patch_every_tick(card)),

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from feishu_progress.config import DEFAULT_APP, CardKitSettings, FeishuSettings, RateSettings
-from feishu_progress.errors import FeishuProgressError
+from feishu_progress.errors import UnknownApp, UnknownRequestedApp
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.ports import Clock
 from feishu_progress.progress.scheduler import DeliveryScheduler
@@ -26,16 +26,15 @@ from feishu_progress.runtime.images import ImageKeys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_APP", "AppContext", "AppRegistry", "AppSpec", "CardKitScope", "UnknownApp"]
-
-
-class UnknownApp(FeishuProgressError):
-    """A request or a stored task names an app this deployment does not configure."""
-
-    def __init__(self, name: str, known: Sequence[str]) -> None:
-        super().__init__(f"unknown app {name!r}; known apps: {', '.join(known)}")
-        self.name = name
-        self.known = tuple(known)
+__all__ = [
+    "DEFAULT_APP",
+    "AppContext",
+    "AppRegistry",
+    "AppSpec",
+    "CardKitScope",
+    "UnknownApp",
+    "UnknownRequestedApp",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +103,13 @@ class AppRegistry:
         return app
 
     def resolve(self, name: str | None) -> AppContext:
-        """The app a request names, or the default one (UnknownApp when there is none of that name)."""
+        """The app a request names, or the default one (UnknownRequestedApp when there is none such)."""
         if name is None:
-            if self.default_name is None:
-                raise UnknownApp("", self.names())
             name = self.default_name
-        return self.get(name)
+        app = None if name is None else self._apps.get(name)
+        if app is None:
+            raise UnknownRequestedApp(name or "", self.names())
+        return app
 
     @property
     def first(self) -> AppContext:

@@ -121,13 +121,15 @@ class Notice(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class CardState:
-    """The newest state of a task's card, as the task service records it on the live card."""
+class CardPanels:
+    """Everything a task's card shows besides its answer text, declared once.
+
+    The task's state builds it, the live card compares it whole (a CardKit card streams the text on its
+    own and rewrites the panels only when these differ), and the card builder reads it through CardModel.
+    """
 
     status: TaskStatus = TaskStatus.RUNNING
     round: int = 0
-    content: str = ""
-    content_chars: int = 0  # the whole content's length; ``content`` may be only its head
     tools: tuple[ToolCall, ...] = ()
     earlier_tools: int = 0  # calls of this round before ``tools`` that are no longer kept
     pending_asks: tuple[PendingAsk, ...] = ()
@@ -137,6 +139,20 @@ class CardState:
     error: str = ""
     image_keys: Mapping[str, str] = field(default_factory=dict)
     finished_at: float | None = None  # wall-clock seconds when the task ended: elapsed time freezes there
+
+
+@dataclass(frozen=True, slots=True)
+class CardState:
+    """The newest state of a task's card, as the task service records it on the live card."""
+
+    panels: CardPanels = field(default_factory=CardPanels)
+    content: str = ""
+    content_chars: int = 0  # the whole content's length; ``content`` may be only its head
+
+    @property
+    def status(self) -> TaskStatus:
+        """The panels' status: it decides the card's life (subagents, streaming, the final write)."""
+        return self.panels.status
 
 
 def elapsed_ms(started_at: float, now: float, finished_at: float | None = None) -> int:
@@ -149,29 +165,20 @@ def elapsed_ms(started_at: float, now: float, finished_at: float | None = None) 
 class CardModel:
     """Everything the progress card is built from. Pure data: the builder reads no clock.
 
-    ``elapsed_ms`` is computed by the caller at build time; ``image_keys`` maps an image's
+    ``elapsed_ms`` is computed by the caller at build time; ``panels.image_keys`` maps an image's
     path or URL (as it appears in a tool result) to its uploaded Feishu image_key, or to
     ``IMAGE_UPLOADING`` while its upload is in flight.
     """
 
     session_id: int
-    status: TaskStatus
-    round: int = 0
+    panels: CardPanels = field(default_factory=CardPanels)
     content: str = ""
     content_chars: int = 0  # the whole content's length when ``content`` is only its head
     title: str = ""
-    tools: tuple[ToolCall, ...] = ()
-    earlier_tools: int = 0  # calls of this round before ``tools`` that the card only counts
     subagents: tuple[SubagentSummary, ...] = ()
     elapsed_ms: int = 0
-    pending_asks: tuple[PendingAsk, ...] = ()
-    pending_approvals: tuple[PendingApproval, ...] = ()
-    disliked: bool = False
-    notice: Notice | None = None
-    error: str = ""
     locales: tuple[str, ...] = ("zh_cn", "en_us")
     session_detail_url: str | None = None
-    image_keys: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_state(
@@ -189,26 +196,18 @@ class CardModel:
         """The one way to build a CardModel: a card's recorded state plus what never changes for it.
 
         Running subagents are shown only while RUNNING (seed 002 §4.2.2: a terminal card has none),
-        and the elapsed time stops at ``state.finished_at``. ``now`` and ``started_at`` are wall-clock
+        and the elapsed time stops at ``panels.finished_at``. ``now`` and ``started_at`` are wall-clock
         seconds, read by the caller: the card builder reads no clock.
         """
+        panels = state.panels
         return cls(
             session_id=session_id,
-            status=state.status,
-            round=state.round,
+            panels=panels,
             content=state.content,
             content_chars=state.content_chars,
             title=title,
-            tools=state.tools,
-            earlier_tools=state.earlier_tools,
-            subagents=subagents if state.status is TaskStatus.RUNNING else (),
-            elapsed_ms=elapsed_ms(started_at, now, state.finished_at),
-            pending_asks=state.pending_asks,
-            pending_approvals=state.pending_approvals,
-            disliked=state.disliked,
-            notice=state.notice,
-            error=state.error,
+            subagents=subagents if panels.status is TaskStatus.RUNNING else (),
+            elapsed_ms=elapsed_ms(started_at, now, panels.finished_at),
             locales=locales,
             session_detail_url=session_detail_url,
-            image_keys=state.image_keys,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class FeishuProgressError(Exception):
     """Base of every error this package raises on purpose."""
@@ -48,8 +50,8 @@ class CallbackRejected(FeishuProgressError):
         self.reason = reason
 
 
-class EventRejected(FeishuProgressError):
-    """A runtime event batch is refused; ``location`` names the offending field."""
+class RequestRejected(FeishuProgressError):
+    """A request is refused as it stands (the caller must change it); ``location`` names the field."""
 
     def __init__(self, location: str, message: str) -> None:
         super().__init__(f"{location}: {message}")
@@ -57,7 +59,45 @@ class EventRejected(FeishuProgressError):
         self.message = message
 
 
+class EventRejected(RequestRejected):
+    """A runtime event batch is refused; ``location`` names the offending field."""
+
+
+class TooManyImages(RequestRejected):
+    """The task holds as many images as a task may: the runtime's upload is refused."""
+
+
 REUSED_KEY = "this Idempotency-Key came with another request before: a new request needs a new key"
+
+
+class UnknownApp(FeishuProgressError):
+    """A request or a stored task names an app this deployment does not configure."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        super().__init__(f"unknown app {name!r}; known apps: {', '.join(known)}")
+        self.name = name
+        self.known = tuple(known)
+
+
+class UnknownRequestedApp(UnknownApp):
+    """A request names an app this deployment does not configure: the caller's to fix (unlike a stored
+    task's app that is no longer configured, which is the operator's)."""
+
+
+FIRST_CARD_RETRY_AFTER = 2  # seconds a runtime should wait before creating again when Feishu failed
+
+
+class FirstCardFailed(FeishuProgressError):
+    """Feishu did not take the first card after every retry (or its budget was busy past the bound);
+    nothing of the task remains but a row kept for its Idempotency-Key."""
+
+    def __init__(self, message: str, retry_after: int = FIRST_CARD_RETRY_AFTER) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UploadsBusy(FeishuProgressError):
+    """Every upload slot stayed taken for the caller's ``max_wait``: nothing was read (answer 429)."""
 
 
 class TooManyLive(FeishuProgressError):
@@ -67,9 +107,21 @@ class TooManyLive(FeishuProgressError):
 class UnknownTask(FeishuProgressError):
     """No task with that session id."""
 
+    def __init__(self, session_id: int) -> None:
+        super().__init__(f"no task {session_id}")
+        self.session_id = session_id
+
 
 class TaskConflict(FeishuProgressError):
-    """The request contradicts the task's state: events after it finished, an id already taken."""
+    """The request contradicts the task's state (see the two kinds below)."""
+
+
+class TaskExists(TaskConflict):
+    """A new task's session id or Idempotency-Key is already taken."""
+
+
+class TaskFinished(TaskConflict):
+    """The task has finished: it takes no more events or images."""
 
 
 class ImageRefused(FeishuProgressError):

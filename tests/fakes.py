@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable
+from typing import Any
+
+from feishu_progress.domain import CardModel, CardPanels, CardState
 
 
 class FakeClock:
@@ -85,3 +89,30 @@ class InstantClock:
         if self.on_sleep is not None:
             self.on_sleep(seconds)
         await asyncio.sleep(0)
+
+
+_PANEL_FIELDS = frozenset(field.name for field in dataclasses.fields(CardPanels))
+
+
+def _panels_apart(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    panels = {name: value for name, value in fields.items() if name in _PANEL_FIELDS}
+    return panels, {name: value for name, value in fields.items() if name not in _PANEL_FIELDS}
+
+
+def card_state(base: CardState | None = None, **changes: Any) -> CardState:
+    """``base`` (or an empty state) with ``changes`` written flat, as tests think of them: the panel
+    fields among them go into its CardPanels (no ``dataclasses.replace`` of the whole: drives call this
+    for every update of hundreds of cards)."""
+    base = CardState() if base is None else base
+    panels, text = _panels_apart(changes)
+    return CardState(
+        dataclasses.replace(base.panels, **panels) if panels else base.panels,
+        text.get("content", base.content),
+        text.get("content_chars", base.content_chars),
+    )
+
+
+def card_model(**fields: Any) -> CardModel:
+    """A CardModel from flat fields (``status=``, ``tools=``... go into its CardPanels)."""
+    panels, rest = _panels_apart(fields)
+    return CardModel(panels=CardPanels(**panels), **rest)

@@ -57,6 +57,13 @@ def test_micro_smoke() -> None:
     assert worst_size <= 30 * 1024
 
 
+def test_state_micro_smoke() -> None:
+    state = _bench("state_micro")
+    assert state.per_batch("text", 3) >= 0 and state.per_batch("tool", 3) >= 0
+    _, size = state.per_snapshot(2)
+    assert size > 10_000  # 30 calls with 400-byte results, as saved
+
+
 @pytest.fixture(scope="module")
 def bench_database_url() -> str:
     return fresh_mysql_database("bench_smoke")

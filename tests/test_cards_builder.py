@@ -8,6 +8,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from feishu_progress.tools.view_models import (
     ToolView,
     WaitSummary,
 )
+from tests.fakes import card_model
 
 GOLDEN = Path(__file__).parent / "golden" / "cards"
 SEED_SUBAGENT_SECTION = (
@@ -109,7 +111,7 @@ def assert_valid(card: dict[str, Any]) -> None:
 def model(**changes: Any) -> CardModel:
     base: dict[str, Any] = {"session_id": 42, "status": TaskStatus.RUNNING, "round": 3}
     base.update(changes)
-    return CardModel(**base)
+    return card_model(**base)
 
 
 def subagent(
@@ -469,14 +471,10 @@ def test_allow_always_is_a_third_button_only_where_the_runtime_offered_it() -> N
 
 
 def test_no_form_once_terminal() -> None:
-    card = build_progress_card(
-        waiting_model().__class__(**{**_fields(waiting_model()), "status": TaskStatus.CANCELLED})
-    )
+    waiting = waiting_model()
+    cancelled = replace(waiting, panels=replace(waiting.panels, status=TaskStatus.CANCELLED))
+    card = build_progress_card(cancelled)
     assert all(node["tag"] != "form" for node in card["body"]["elements"])
-
-
-def _fields(value: CardModel) -> dict[str, Any]:
-    return {name: getattr(value, name) for name in CardModel.__slots__}
 
 
 def test_huge_form_is_trimmed_with_markers() -> None:

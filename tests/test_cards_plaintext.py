@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.cards.plaintext import card_as_text
-from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus
+from feishu_progress.domain import SubagentSummary, TaskStatus
+from tests.fakes import card_model
 
 
 def test_a_running_card_reads_like_the_card() -> None:
-    model = CardModel(
+    model = card_model(
         session_id=3,
         status=TaskStatus.RUNNING,
         round=2,

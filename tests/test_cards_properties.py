@@ -25,6 +25,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
+from tests.fakes import card_model
 from tests.test_cards_builder import OUR_TAGS, foreign_tags, rendered_texts, tagged
 
 pytestmark = pytest.mark.slow  # hypothesis over every card model: ~80 s of the inner loop
@@ -106,7 +107,7 @@ question = st.builds(
     multi_select=st.booleans(),
 )
 models = st.builds(
-    CardModel,
+    card_model,
     session_id=st.integers(min_value=1, max_value=2**53),
     status=st.sampled_from(TaskStatus),
     round=st.integers(min_value=0, max_value=10**6),
@@ -286,7 +287,7 @@ def test_huge_inputs_stay_within_limits(
         if many_locales
         else ("zh_cn",)
     )
-    model = CardModel(
+    model = card_model(
         session_id=1,
         status=status,
         round=9,
@@ -305,7 +306,7 @@ def test_pathological_shapes() -> None:
     nested: Any = "leaf <at id=all></at>"
     for _ in range(200):
         nested = {"a": [nested]}
-    model = CardModel(
+    model = card_model(
         session_id=1,
         status=TaskStatus.RUNNING,
         content="x" * 1_000_000,

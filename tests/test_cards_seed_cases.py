@@ -24,13 +24,13 @@ from feishu_progress.db.engine import Database
 from feishu_progress.domain import (
     IMAGE_UPLOADING,
     CardModel,
-    CardState,
     PendingApproval,
     SubagentSummary,
     TaskStatus,
     ToolCall,
 )
 from feishu_progress.subagents.manager import SubagentManager
+from tests.fakes import card_model, card_state
 from tests.test_cards_seed_golden import matches_golden
 
 GOLDEN = Path(__file__).parent / "golden" / "cards"
@@ -61,7 +61,7 @@ def lines(card: dict[str, Any], locale: str) -> list[str]:
 
 def card(*calls: ToolCall, **changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"session_id": 7, "status": TaskStatus.RUNNING, "round": 2, "tools": calls}
-    return build_progress_card(CardModel(**{**base, **changes}))
+    return build_progress_card(card_model(**{**base, **changes}))
 
 
 def done(name: str, args: dict[str, Any], result: Any) -> dict[str, Any]:
@@ -628,7 +628,7 @@ async def test_seed_002_query_failure_golden(tmp_path: Path) -> None:
         listed = await SubagentManager(broken).list_running(7)
     finally:
         await broken.close()
-    state = CardState(status=TaskStatus.RUNNING, round=2, content="正文照常")
+    state = card_state(status=TaskStatus.RUNNING, round=2, content="正文照常")
     model = CardModel.from_state(
         state,
         session_id=7,

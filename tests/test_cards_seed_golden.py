@@ -11,7 +11,8 @@ import pytest
 
 from feishu_progress.cards.builder import build_progress_card
 from feishu_progress.cards.plaintext import card_as_text
-from feishu_progress.domain import IMAGE_UPLOADING, CardModel, TaskStatus, ToolCall
+from feishu_progress.domain import IMAGE_UPLOADING, TaskStatus, ToolCall
+from tests.fakes import card_model
 from tests.test_cards_builder import assert_valid, panel_of
 
 GOLDEN = Path(__file__).parent / "golden" / "cards"
@@ -33,7 +34,7 @@ ANSWERED = "你希望我优先优化**哪一部分**？：工具行视觉\n---\n
 
 def card_for(call: ToolCall, **changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"session_id": 7, "status": TaskStatus.RUNNING, "round": 2, "tools": (call,)}
-    return build_progress_card(CardModel(**{**base, **changes}))
+    return build_progress_card(card_model(**{**base, **changes}))
 
 
 def matches_golden(card: dict[str, Any], name: str) -> bool:

@@ -18,7 +18,7 @@ from feishu_progress.domain import Notice, TaskStatus
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.card_actions import _DECIDERS, parse_click
-from feishu_progress.runtime.state import TaskState
+from feishu_progress.runtime.state import TaskState, restore
 
 # What each kind of click carries in the log, as the live path writes it on a state where it is valid.
 LOGGED: dict[str, tuple[str, dict[str, Any]]] = {
@@ -71,8 +71,8 @@ def _replayed(state: TaskState, action: str) -> None:
 
 
 def _effect(state: TaskState) -> dict[str, Any]:
-    seen = state.snapshot_dict()
-    seen.pop("actions_applied", None)
+    seen = dict(vars(state))  # the whole state: a click changes more than its snapshot (disliked)
+    seen.pop("actions_applied")
     return seen
 
 
@@ -111,7 +111,7 @@ def test_allow_always_is_recorded_as_an_approval_that_says_always() -> None:
     assert decision.payload == LOGGED["approve_always"][1]
     state.apply_logged_action(1, "approval", decision.payload)
     assert state.notice is Notice.APPROVED_ALWAYS and "p1" not in state.approvals
-    assert state.card_state().notice is Notice.APPROVED_ALWAYS
+    assert state.card_state().panels.notice is Notice.APPROVED_ALWAYS
 
 
 def test_allow_always_on_an_approval_that_did_not_offer_it_changes_nothing() -> None:
@@ -126,7 +126,7 @@ def test_allow_always_on_an_approval_that_did_not_offer_it_changes_nothing() -> 
 
 def test_a_pending_approval_keeps_its_offer_across_a_snapshot() -> None:
     state = _state(TaskStatus.WAITING)
-    restored = TaskState(session_id=7, requester_open_id="ou_1", receive_id="oc_1", receive_id_type="chat_id")
-    restored.restore_snapshot(state.to_snapshot())
+    row = {"session_id": 7, "requester_open_id": "ou_1", "receive_id": "oc_1", "receive_id_type": "chat_id"}
+    restored = restore(row, state.to_snapshot()).state
     assert restored.approvals["p1"].allow_always is True
     assert _state(TaskStatus.WAITING, allow_always=False).approvals["p1"].allow_always is False

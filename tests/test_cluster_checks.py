@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from feishu_progress.cards.builder import build_progress_card
-from feishu_progress.domain import CardModel, TaskStatus
+from feishu_progress.domain import TaskStatus
 from tests.cluster_checks import (
     card_marks,
     card_status,
@@ -22,6 +22,7 @@ from tests.cluster_checks import (
     writer_changes,
     writes_by,
 )
+from tests.fakes import card_model
 
 RUNNING, COMPLETED, FAILED = TaskStatus.RUNNING, TaskStatus.COMPLETED, TaskStatus.FAILED
 
@@ -30,7 +31,7 @@ def card(
     status: TaskStatus, marks: int = 0, *, locales: tuple[str, ...] = ("zh_cn", "en_us")
 ) -> dict[str, Any]:
     content = "".join(event_mark(i) for i in range(marks))
-    return build_progress_card(CardModel(session_id=1, status=status, content=content, locales=locales))
+    return build_progress_card(card_model(session_id=1, status=status, content=content, locales=locales))
 
 
 def update(

@@ -43,6 +43,7 @@ from feishu_progress.feishu.sink import FeishuCardSink
 from feishu_progress.progress.live_card import BuildCard, CardContext, LiveCard
 from feishu_progress.progress.scheduler import BackoffPolicy, DeliveryScheduler
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, run_sandbox
+from tests.fakes import card_model
 from tests.test_scheduler_fakes import finish, push
 
 pytestmark = pytest.mark.slow
@@ -120,7 +121,7 @@ class Rig:
                 )
                 for i in batch
             ]
-            first_cards = [build_card(CardModel(session_id=c.session_id, status=RUNNING)) for c in contexts]
+            first_cards = [build_card(card_model(session_id=c.session_id, status=RUNNING)) for c in contexts]
             ids = await asyncio.gather(
                 *(
                     self.client.send_card("ou_tester", "open_id", body, f"fp-delivery-{c.session_id}")
@@ -183,7 +184,7 @@ async def drive(
     round-robin lap, so gaps between its PATCHes measure how long it waited).
     """
     first_update: dict[str, float] = {}
-    rounds = [card.state.round for card in cards]  # a second drive continues where the first stopped
+    rounds = [card.state.panels.round for card in cards]  # a second drive continues where the first stopped
     started = rig.clock.monotonic()
     done = 0
     while (elapsed := rig.clock.monotonic() - started) < seconds:
@@ -320,7 +321,7 @@ BIG_SESSION = 3
 def oversized_for_one_session(model: CardModel) -> dict[str, Any]:
     """The real builder, except that one task's card grows past 30 KB (as a builder bug would)."""
     card = build_progress_card(model)
-    if model.session_id == BIG_SESSION and model.round > 0:
+    if model.session_id == BIG_SESSION and model.panels.round > 0:
         card["body"]["elements"].append({"tag": "markdown", "content": "x" * (31 * 1024)})
     return card
 

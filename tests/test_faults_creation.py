@@ -22,8 +22,8 @@ from feishu_progress.app import create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import TaskRepository
+from feishu_progress.errors import FIRST_CARD_RETRY_AFTER
 from feishu_progress.feishu.retry import FeishuRetryPolicy
-from feishu_progress.runtime.creation import FIRST_CARD_RETRY_AFTER
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from feishu_progress.cards.builder import build_progress_card
-from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus, ToolCall
+from feishu_progress.domain import SubagentSummary, TaskStatus, ToolCall
 from feishu_progress.i18n import (
     CARD_LOCALES,
     CATALOG_LOCALES,
@@ -25,6 +25,7 @@ from feishu_progress.i18n.plurals import RULES, Operands, operands, plural_categ
 from feishu_progress.tools.line_parts import count
 from feishu_progress.tools.view_labels import image_footer, image_hidden, wait_summary_msg
 from feishu_progress.tools.view_models import ImageGridView, ImageItem, WaitSummary
+from tests.fakes import card_model
 
 MESSAGES = all_messages()
 PREFIXES = ("card.", "tool.", "view.image.", "view.ask.", "view.asktool.", "view.subagents.", "view.raw.")
@@ -223,7 +224,7 @@ def test_the_subagent_section_counts_in_the_card_s_language(
     subagents = tuple(SubagentSummary(i, "worker", f"t{i}", "RUNNING", 0) for i in range(6))
 
     def section(shown: tuple[SubagentSummary, ...]) -> list[str]:
-        model = CardModel(
+        model = card_model(
             session_id=1, status=TaskStatus.RUNNING, round=1, subagents=shown, locales=(locale,)
         )
         elements = build_progress_card(model)["body"]["elements"]
@@ -266,7 +267,7 @@ def test_plural_choice_survives_escaping_and_capping_in_a_card() -> None:
         ToolCall("b", "read_file", {"path": "y.py"}, "a\nb\n", finished=True),
     )
     card = build_progress_card(
-        CardModel(session_id=1, status=TaskStatus.RUNNING, round=1, tools=calls, locales=("fr_fr", "en_us"))
+        card_model(session_id=1, status=TaskStatus.RUNNING, round=1, tools=calls, locales=("fr_fr", "en_us"))
     )
     tools = next(e for e in card["body"]["elements"] if "x.py" in e.get("content", ""))
     assert tools["content"].endswith("- Lire x.py (0 ligne)\n- Lire y.py (2 lignes)")

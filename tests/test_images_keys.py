@@ -453,4 +453,4 @@ async def test_the_app_uploads_images_from_its_root_only(
     assert sandbox.state.images[image_keys["a.png"]] == png("a")
     # Settled: nothing is still "on its way" on the card; the refused path is simply unreachable.
     assert not state.uploading_images
-    assert state.card_state().image_keys == {"a.png": image_keys["a.png"]}
+    assert state.card_state().panels.image_keys == {"a.png": image_keys["a.png"]}

@@ -13,11 +13,11 @@ from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import SubagentRepository
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.domain import CardState, Notice, PendingApproval, PendingAsk, SubagentSummary, TaskStatus
+from feishu_progress.domain import Notice, PendingApproval, PendingAsk, SubagentSummary, TaskStatus
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, card_state
 from tests.test_scheduler_fakes import (
     FakeSubagents,
     Harness,
@@ -168,7 +168,7 @@ async def test_record_carries_every_field_to_the_builder_and_counts_versions() -
     card = lone_card(clock)
     before = card.version
     card.record(
-        CardState(
+        card_state(
             status=TaskStatus.WAITING,
             round=4,
             content="question?",
@@ -209,7 +209,7 @@ async def test_elapsed_time_runs_from_started_at_and_freezes_at_finish() -> None
 
 async def test_a_restored_card_starts_from_its_persisted_state() -> None:
     clock = FakeClock()
-    saved = CardState(status=RUNNING, round=12, content="before the restart")
+    saved = card_state(status=RUNNING, round=12, content="before the restart")
     card = lone_card(clock, state=saved)
     restored_version = card.version
     assert card.render_current()["content"] == "before the restart"

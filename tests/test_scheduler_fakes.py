@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.config import RateSettings
@@ -18,30 +18,30 @@ from feishu_progress.ports import Clock, OutcomeKind, PatchOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.progress.scheduler import BackoffPolicy, Deliverable, DeliveryScheduler
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, card_state
 
 
 def build_card(model: CardModel) -> dict[str, Any]:
     """A toy builder that exposes what the real one would render from."""
     return {
         "kind": "full",
-        "status": model.status.value,
-        "round": model.round,
+        "status": model.panels.status.value,
+        "round": model.panels.round,
         "content": model.content,
         "subagents": [s.task_id for s in model.subagents],
         "elapsed_ms": model.elapsed_ms,
-        "disliked": model.disliked,
-        "notice": None if model.notice is None else model.notice.value,
-        "error": model.error,
-        "asks": [a.ask_id for a in model.pending_asks],
-        "approvals": [a.approval_id for a in model.pending_approvals],
-        "image_keys": dict(model.image_keys),
+        "disliked": model.panels.disliked,
+        "notice": None if model.panels.notice is None else model.panels.notice.value,
+        "error": model.panels.error,
+        "asks": [a.ask_id for a in model.panels.pending_asks],
+        "approvals": [a.approval_id for a in model.panels.pending_approvals],
+        "image_keys": dict(model.panels.image_keys),
     }
 
 
 def build_degraded_card(model: CardModel) -> dict[str, Any]:
     """A toy minimal card: status only."""
-    return {"kind": "degraded", "status": model.status.value, "content": model.content}
+    return {"kind": "degraded", "status": model.panels.status.value, "content": model.content}
 
 
 @dataclass
@@ -185,7 +185,7 @@ class Harness:
 
 def push(card: LiveCard, *, urgent: bool = False, **changes: Any) -> None:
     """Record a change the way the task service does: a whole new CardState through ``record``."""
-    card.record(replace(card.state, **changes), urgent=urgent)
+    card.record(card_state(card.state, **changes), urgent=urgent)
 
 
 def step(card: LiveCard, n: int) -> None:

@@ -15,11 +15,11 @@ from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
 from feishu_progress.db.models import SubagentExecution
 from feishu_progress.db.repo import SubagentRepository
-from feishu_progress.domain import CardState, SubagentSummary, TaskStatus
+from feishu_progress.domain import SubagentSummary, TaskStatus
 from feishu_progress.ports import SubagentSource
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.subagents.manager import SubagentManager
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, card_state
 
 T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC)
 
@@ -150,13 +150,13 @@ async def test_a_failing_query_omits_the_section_instead_of_showing_the_last_lis
     )
     try:
         await spawn(SubagentRepository(db), 42, "a", title="排查链路")
-        card.record(CardState(status=TaskStatus.RUNNING, round=2))
+        card.record(card_state(status=TaskStatus.RUNNING, round=2))
         shown = await card.build_for_delivery()
         assert "**子代理 · 1 个运行中**\n- 调研 · 排查链路" in card_as_text(shown.card)
         async with db.engine.begin() as connection:
             await connection.execute(text("DROP TABLE subagent_execution"))
         await clock.advance(1.5)  # past the 1 s cache
-        card.record(CardState(status=TaskStatus.RUNNING, round=3))
+        card.record(card_state(status=TaskStatus.RUNNING, round=3))
         after = card_as_text((await card.build_for_delivery()).card)
         assert "子代理" not in after and "第 3 轮" in after
     finally:

@@ -108,11 +108,12 @@ def build_degraded_card(model: CardModel) -> dict[str, Any]:
 
 def _assemble(model: CardModel, langs: Langs, limits: Limits) -> tuple[dict[str, Any], int]:
     """The card without its streamed content, and the body index where the content goes."""
+    panels = model.panels
     before = [status_line(model, langs), *notice_line(model, langs), *waiting_hint(model, langs)]
     after = [
         *error_section(model, limits, langs),
         *subagent_section(model, langs),
-        *tools_section(model.tools, limits, langs, model.image_keys, earlier=model.earlier_tools),
+        *tools_section(panels.tools, limits, langs, panels.image_keys, earlier=panels.earlier_tools),
         *interactive_sections(model, limits, langs),
         action_buttons(model, langs),
     ]
@@ -139,27 +140,26 @@ def _header(model: CardModel, langs: Langs, title_chars: int) -> dict[str, Any]:
     # Only the head of a huge title is ever shown: never clean a megabyte for it.
     head = plain_text(model.title[: title_chars * 2]).strip()
     title: Text = cut_text(head, title_chars) or msg("card.title.default")
-    state_tag = {
-        "tag": "text_tag",
-        "text": langs.plain_msg(state_word(model.status)),
-        "color": TAG_COLOURS[model.status],
-    }
+    status = model.panels.status
+    state_tag = {"tag": "text_tag", "text": langs.plain_msg(state_word(status)), "color": TAG_COLOURS[status]}
     return {
         "title": langs.plain_msg(title),
-        "template": HEADER_TEMPLATES[model.status],
+        "template": HEADER_TEMPLATES[status],
         "text_tag_list": [state_tag],
     }
 
 
 def _summary(model: CardModel, langs: Langs) -> dict[str, Any]:
-    parts: list[Text] = [state_word(model.status)]
-    if model.round > 0:
-        parts.append(msg("card.round", round=model.round))
+    panels = model.panels
+    parts: list[Text] = [state_word(panels.status)]
+    if panels.round > 0:
+        parts.append(msg("card.round", round=panels.round))
     return langs.fields(lambda locale: " · ".join(plain(part, locale) for part in parts))
 
 
 def _is_first_card(model: CardModel) -> bool:
-    return model.status is TaskStatus.RUNNING and model.round == 0 and not model.tools
+    panels = model.panels
+    return panels.status is TaskStatus.RUNNING and panels.round == 0 and not panels.tools
 
 
 def _content_source(model: CardModel) -> str:

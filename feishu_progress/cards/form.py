@@ -31,10 +31,11 @@ ButtonType = Literal["default", "primary", "danger"]
 
 def interactive_sections(model: CardModel, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
     """hr + one form per pending ask + approval requests; nothing once the task is over."""
-    if model.status.is_terminal or not (model.pending_asks or model.pending_approvals):
+    panels = model.panels
+    if panels.status.is_terminal or not (panels.pending_asks or panels.pending_approvals):
         return []
     elements: list[dict[str, Any]] = [{"tag": "hr"}]
-    for index, ask in enumerate(model.pending_asks):
+    for index, ask in enumerate(panels.pending_asks):
         elements.append(ask_form(model.session_id, index, ask, limits, langs))
     elements.extend(approval_elements(model, langs))
     return elements
@@ -125,7 +126,7 @@ def _input(langs: Langs, name: str, placeholder: Text) -> dict[str, Any]:
 def approval_elements(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     """Each pending approval: its title and summary, then its buttons."""
     elements: list[dict[str, Any]] = []
-    shown = model.pending_approvals[:MAX_APPROVALS]
+    shown = model.panels.pending_approvals[:MAX_APPROVALS]
     for approval in shown:
         title = cap_params(approval_title(approval.tool_name), LABEL_CHARS)
 
@@ -135,7 +136,7 @@ def approval_elements(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
 
         elements.append(langs.markdown(text))
         elements.append(button_row(_approval_buttons(model.session_id, approval, langs)))
-    hidden = len(model.pending_approvals) - len(shown)
+    hidden = len(model.panels.pending_approvals) - len(shown)
     if hidden:
         elements.append(langs.md_msg(counted("card.more_items", hidden)))
     return elements
@@ -160,17 +161,18 @@ def _approval_buttons(session_id: int, approval: PendingApproval, langs: Langs) 
 
 def action_buttons(model: CardModel, langs: Langs) -> dict[str, Any]:
     """点踩 / 取消任务 / 重试 / 会话详情."""
+    panels = model.panels
     buttons = [
-        _action(model, langs, "card.button.disliked" if model.disliked else "card.button.dislike", "dislike")
+        _action(model, langs, "card.button.disliked" if panels.disliked else "card.button.dislike", "dislike")
     ]
-    if model.status in (TaskStatus.RUNNING, TaskStatus.WAITING):
+    if panels.status in (TaskStatus.RUNNING, TaskStatus.WAITING):
         cancel = _action(model, langs, "card.button.cancel", "cancel", "danger")
         cancel["confirm"] = {
             "title": langs.plain_msg(msg("card.cancel_confirm.title")),
             "text": langs.plain_msg(msg("card.cancel_confirm.text")),
         }
         buttons.append(cancel)
-    if model.status is TaskStatus.FAILED:
+    if panels.status is TaskStatus.FAILED:
         buttons.append(_action(model, langs, "card.button.retry", "retry", "primary"))
     url = session_detail_url(model)
     if url is not None:

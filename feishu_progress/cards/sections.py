@@ -66,9 +66,10 @@ def duration(elapsed_ms: int) -> Msg:
 
 def status_parts(model: CardModel) -> list[Text]:
     """状态:正在处理 · 第 121 轮 · 已用时 3 分 12 秒, as separate messages."""
-    parts: list[Text] = [msg("card.status", state=state_word(model.status))]
-    if model.round > 0:
-        parts.append(msg("card.round", round=model.round))
+    panels = model.panels
+    parts: list[Text] = [msg("card.status", state=state_word(panels.status))]
+    if panels.round > 0:
+        parts.append(msg("card.round", round=panels.round))
     if model.elapsed_ms > 0:
         parts.append(msg("card.elapsed", duration=duration(model.elapsed_ms)))
     return parts
@@ -82,21 +83,21 @@ def status_line(model: CardModel, langs: Langs) -> dict[str, Any]:
 
 def notice_line(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     """正在取消… / 正在重试… / 已提交回答 ... right after a click."""
-    if model.notice is None:
-        return []
-    return [langs.md_msg(msg(NOTICE_KEYS[model.notice]))]
+    notice = model.panels.notice
+    return [] if notice is None else [langs.md_msg(msg(NOTICE_KEYS[notice]))]
 
 
 def waiting_hint(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     """等待你的回复:N 个问题 (and pending approvals) while WAITING."""
-    if model.status is not TaskStatus.WAITING:
+    panels = model.panels
+    if panels.status is not TaskStatus.WAITING:
         return []
-    questions = sum(len(ask.questions) for ask in model.pending_asks)
+    questions = sum(len(ask.questions) for ask in panels.pending_asks)
     hints: list[Text] = []
     if questions:
         hints.append(counted("card.waiting.questions", questions))
-    if model.pending_approvals:
-        hints.append(counted("card.waiting.approvals", len(model.pending_approvals)))
+    if panels.pending_approvals:
+        hints.append(counted("card.waiting.approvals", len(panels.pending_approvals)))
     if not hints:
         return []
     return [langs.markdown(lambda locale: "\n".join(md_text(hint, locale) for hint in hints))]
@@ -104,9 +105,10 @@ def waiting_hint(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
 
 def error_section(model: CardModel, limits: Limits, langs: Langs) -> list[dict[str, Any]]:
     """The failure reason of a FAILED task."""
-    if model.status is not TaskStatus.FAILED or not model.error.strip():
+    panels = model.panels
+    if panels.status is not TaskStatus.FAILED or not panels.error.strip():
         return []
-    body = block_render(model.error, limits.error_chars)
+    body = block_render(panels.error, limits.error_chars)
     return [langs.markdown(lambda locale: md_text(msg("card.error.heading"), locale) + "\n" + body(locale))]
 
 
@@ -115,7 +117,7 @@ def error_section(model: CardModel, limits: Limits, langs: Langs) -> list[dict[s
 
 def subagent_section(model: CardModel, langs: Langs) -> list[dict[str, Any]]:
     """**子代理 · N 个运行中** and at most 5 lines, only while RUNNING."""
-    if model.status is not TaskStatus.RUNNING or not model.subagents:
+    if model.panels.status is not TaskStatus.RUNNING or not model.subagents:
         return []
     visible: list[SubagentSummary] = []
     for subagent in model.subagents:

@@ -10,7 +10,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ from feishu_progress.db.models import (
     TaskEventLog,
 )
 from feishu_progress.domain import InvocationType, SubagentStatus, TaskStatus
-from feishu_progress.errors import TaskConflict, UnknownTask
+from feishu_progress.errors import TaskExists, UnknownTask
 from feishu_progress.group_commit import GroupCommit
 
 # VARCHAR(191) keys: longer ones are replaced by a digest, which keeps them unique and indexable.
@@ -172,7 +172,6 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
         locale=task.locale,
         status=TaskStatus.RUNNING.value,
         round=0,
-        disliked=False,
         started_at=task.now,
         last_event_at=task.now,
         idempotency_key=None
@@ -186,16 +185,8 @@ def _task_card(session_id: int, task: NewTask) -> TaskCard:
 
 
 def _state_params(row: StateRow) -> dict[str, Any]:
-    return {
-        "session_id": row.session_id,
-        "status": TaskStatus(row.status).value,
-        "round": row.round,
-        "snapshot": row.snapshot,
-        "last_event_at": row.last_event_at,
-        "finished_at": row.finished_at,
-        "disliked": row.disliked,
-        "stop_reason": row.stop_reason,
-    }
+    params = {name: getattr(row, name) for name in _STATE_FIELDS}
+    return params | {"session_id": row.session_id, "status": TaskStatus(row.status).value}
 
 
 def _action_record(row: TaskAction) -> ActionRecord:
@@ -233,7 +224,8 @@ class StateRow:
     fence: int = 0  # cluster mode: saved only while this fence is the card's (see ``save_states``)
 
 
-_STATE_FIELDS = ("status", "round", "snapshot", "last_event_at", "finished_at", "disliked", "stop_reason")
+# The task_card columns a save writes: StateRow's fields but the key and the fence it is conditioned on.
+_STATE_FIELDS = tuple(field.name for field in fields(StateRow) if field.name not in ("session_id", "fence"))
 
 
 class TaskRepository:
@@ -245,7 +237,7 @@ class TaskRepository:
     async def create_task(self, task: NewTask) -> int:
         """Create the session and its RUNNING card row; returns the session id.
 
-        Raises ``TaskConflict`` when the runtime's session id or idempotency key is already taken.
+        Raises ``TaskExists`` when the runtime's session id or idempotency key is already taken.
         """
         try:
             async with self._db.session() as session:
@@ -255,7 +247,7 @@ class TaskRepository:
                 session.add(_task_card(row.id, task))
                 return row.id
         except IntegrityError:
-            raise TaskConflict("that session id or idempotency key is already taken") from None
+            raise TaskExists("that session id or idempotency key is already taken") from None
 
     async def find_by_idempotency_key(self, key: str) -> TaskRecord | None:
         """The task a runtime created with this Idempotency-Key, if any."""
@@ -274,7 +266,7 @@ class TaskRepository:
             )
             # The MySQL dialect counts matched rows (CLIENT.FOUND_ROWS), so 0 really means absent.
             if result.rowcount == 0:  # type: ignore[attr-defined]
-                raise UnknownTask(f"no task with session id {session_id}")
+                raise UnknownTask(session_id)
 
     async def set_message_id(self, session_id: int, message_id: str) -> None:
         """Remember the Feishu message the card lives in."""

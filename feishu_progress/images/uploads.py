@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Protocol
 
 from feishu_progress.bounded import BoundedCache
-from feishu_progress.errors import FeishuProgressError
+from feishu_progress.errors import FeishuProgressError, UploadsBusy
 from feishu_progress.images.sniff import require_image
 from feishu_progress.shared_result import fail_all, shared_future, wait_shared
 
@@ -42,10 +42,6 @@ class UploadBudget(Protocol):
 
 class UploadAbandoned(FeishuProgressError):
     """The upload another caller was waiting for was cancelled before it finished."""
-
-
-class UploadsBusy(FeishuProgressError):
-    """Every upload slot stayed taken for the caller's ``max_wait``: nothing was read (answer 429)."""
 
 
 class ImageUploads:

@@ -286,18 +286,5 @@ def _answer_shown(state: CardState) -> bool:
 
 
 def _same_panels(new: CardState, old: CardState) -> bool:
-    """Whether two states differ in their answer text at most (field by field: no copies on the hot path)."""
-    return (
-        new.status is old.status
-        and new.round == old.round
-        and new.tools == old.tools
-        and new.earlier_tools == old.earlier_tools
-        and new.pending_asks == old.pending_asks
-        and new.pending_approvals == old.pending_approvals
-        and new.disliked == old.disliked
-        and new.notice == old.notice
-        and new.error == old.error
-        and new.image_keys == old.image_keys
-        and new.finished_at == old.finished_at
-        and _answer_shown(new) == _answer_shown(old)
-    )
+    """Whether two states differ in their answer text at most (an answer appearing is a panel change)."""
+    return new.panels == old.panels and _answer_shown(new) == _answer_shown(old)

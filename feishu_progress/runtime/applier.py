@@ -155,7 +155,7 @@ class EventApplier:
         while entries := await self._event_log.after(task.session_id, task.state.events_applied):
             for entry in entries:
                 await self._apply_logged(task, entry)
-                task.state.events_applied = entry.seq
+                task.state.logged_batch_applied(entry.seq)
             drained += len(entries)
         return drained
 
@@ -194,9 +194,10 @@ class EventApplier:
                 task.sync_card()
             self._snapshots.mark_dirty(task)
 
-        def settled() -> None:
-            task.state.images_settled(uploading)
-            task.sync_card()
+        async def settled() -> None:
+            async with task.lock:
+                task.state.images_settled(uploading)
+                task.sync_card()
 
         # Until settled, the card says these images are on their way rather than unreachable.
         uploading = self._images(task).collect(call, ready, task.session_id, settled=settled)

@@ -27,9 +27,10 @@ from feishu_progress.db.times import utc_datetime
 from feishu_progress.domain import CardState
 from feishu_progress.errors import (
     REUSED_KEY,
-    EventRejected,
     FeishuAPIError,
     FeishuProgressError,
+    FirstCardFailed,
+    RequestRejected,
     TaskConflict,
 )
 from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
@@ -43,22 +44,11 @@ from feishu_progress.runtime.state import TaskState, request_digest
 
 log = logging.getLogger(__name__)
 
-FIRST_CARD_RETRY_AFTER = 2  # seconds a runtime should wait before creating again when Feishu failed
-
 
 @dataclass(frozen=True, slots=True)
 class CreatedTask:
     session_id: int
     message_id: str
-
-
-class FirstCardFailed(FeishuProgressError):
-    """Feishu did not take the first card after every retry (or its budget was busy past the bound);
-    nothing of the task remains but a row kept for its Idempotency-Key."""
-
-    def __init__(self, message: str, retry_after: int = FIRST_CARD_RETRY_AFTER) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class TaskCreator:
@@ -80,7 +70,7 @@ class TaskCreator:
         self._owner = owner  # cluster mode: this instance's id; it writes what it creates (single: None)
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
-        """Create the task and send its first card (raises TaskConflict, FirstCardFailed, UnknownApp)."""
+        """Create the task and send its first card (TaskExists, FirstCardFailed, UnknownRequestedApp)."""
         app = self._apps.resolve(request.app)
         digest = None if idempotency_key is None else request_digest(request.model_dump_json())
         if idempotency_key is not None:
@@ -127,7 +117,7 @@ class TaskCreator:
         hand someone else's task back, so it is refused.
         """
         if record.request_digest is not None and digest is not None and record.request_digest != digest:
-            raise EventRejected("Idempotency-Key", REUSED_KEY)
+            raise RequestRejected("Idempotency-Key", REUSED_KEY)
         if record.message_id is not None:
             return CreatedTask(record.session_id, record.message_id)
         return await self._send_first(state_from_record(record), record.reply_to_message_id, key)
@@ -137,11 +127,12 @@ class TaskCreator:
             card_context(self._settings, state, "").model(CardState(), (), self._clock.wall())
         )
         uuid = first_card_uuid(state.session_id, key)
-        app = self._apps.get(state.app)
+        app = self._apps.resolve(state.app)  # asked for again: its app is part of this request
         try:
-            if state.card_id is None:
-                state.card_id = await self._card_entity(app, state.session_id, first)
-            content = first if state.card_id is None else card_reference(state.card_id)
+            card_id = state.card_id
+            if card_id is None:
+                card_id = await self._card_entity(app, state.session_id, first)
+            content = first if card_id is None else card_reference(card_id)
             async with self._paced(app, "reply" if reply_to else "send"):
                 if reply_to:
                     message_id = await app.client.reply_card(reply_to, content, uuid)
@@ -156,7 +147,7 @@ class TaskCreator:
             await self._abandon(state.session_id, key, exc)
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
         await self._repo.set_message_id(state.session_id, message_id)
-        state.message_id = message_id
+        state.sent_as(message_id, card_id)  # not shared yet: attached right after
         self._registry.attach(state)
         return CreatedTask(state.session_id, message_id)
 

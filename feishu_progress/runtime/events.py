@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from feishu_progress.errors import EventRejected
+from feishu_progress.errors import EventRejected, RequestRejected
 from feishu_progress.i18n.locales import FEISHU_LOCALES, SINGLE_LANGUAGE_LOCALES
 
 _SHORT = 256
@@ -328,8 +328,8 @@ def error_location(loc: tuple[int | str, ...]) -> str:
     return "".join(parts) or "<body>"
 
 
-def parse_model(model: type[M], payload: Any) -> M:
-    """Validate ``payload`` or raise EventRejected naming the first bad field."""
+def parse_model(model: type[M], payload: Any, *, rejected: type[RequestRejected] = EventRejected) -> M:
+    """Validate ``payload`` or raise ``rejected`` (an event batch's by default) naming the first bad field."""
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -337,4 +337,4 @@ def parse_model(model: type[M], payload: Any) -> M:
         location = error_location(tuple(first["loc"]))
         if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
             location += ".type"
-        raise EventRejected(location, first["msg"]) from None
+        raise rejected(location, first["msg"]) from None

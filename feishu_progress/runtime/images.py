@@ -105,7 +105,7 @@ class ImageKeys:
         ready: Callable[[dict[str, str]], Awaitable[None]],
         task_id: int | None = None,
         *,
-        settled: Callable[[], None] | None = None,
+        settled: Callable[[], Awaitable[None]] | None = None,
     ) -> frozenset[str]:
         """Start uploading ``call``'s images; ``ready`` gets {image_path or image_url: image_key}.
 
@@ -151,7 +151,7 @@ class ImageKeys:
         plans: list[list[ImageSource]],
         ready: Callable[[dict[str, str]], Awaitable[None]],
         context: Mapping[str, object],
-        settled: Callable[[], None] | None = None,
+        settled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         try:
             # Concurrent per image: the uploads' semaphore, not this loop, bounds what is in memory.
@@ -161,7 +161,7 @@ class ImageKeys:
                 await ready(keys)
         finally:  # cancelled or not: no image stays "on its way" forever
             if settled is not None:
-                settled()
+                await settled()
 
     async def _first_key(
         self, sources: list[ImageSource], context: Mapping[str, object]

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from feishu_progress.apps import AppRegistry
 from feishu_progress.background import BackgroundTasks
-from feishu_progress.errors import EventRejected, NotWritableHere, TaskConflict, TooManyLive, UnknownTask
+from feishu_progress.errors import NotWritableHere, TaskFinished, TooManyImages, TooManyLive, UnknownTask
 from feishu_progress.images import require_image
 from feishu_progress.images.uploads import Load
 from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
@@ -77,9 +77,9 @@ def _uploaded_ref(data: bytes) -> str:
 def _check_image_room(state: TaskState, ref: str) -> None:
     """Whether the task takes the uploaded image ``ref`` (one it already holds needs no new room)."""
     if state.status.is_terminal:
-        raise TaskConflict(f"task {state.session_id} has finished")
+        raise TaskFinished(f"task {state.session_id} has finished")
     if ref not in state.image_keys and len(state.image_keys) >= MAX_IMAGE_KEYS:
-        raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
+        raise TooManyImages("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
 
 
 @dataclass
@@ -154,7 +154,7 @@ class TaskService:
         if state is None:
             return None
         if claim.fence is not None:
-            state.fence = claim.fence
+            state.hold_at(claim.fence)
         if not await self.snapshots.new_epoch(state):
             log.warning("task %s: its card changed hands while it was loaded", session_id)
             return None
@@ -222,7 +222,7 @@ class TaskService:
         idempotency_key: str | None = None,
         body_digest: str | None = None,
     ) -> int:
-        """Apply a validated batch in order (TaskConflict after the task finished); returns how many.
+        """Apply a validated batch in order (TaskFinished after the task finished); returns how many.
 
         With an Idempotency-Key the batch's digest is kept: the key sent again with other events is an
         EventRejected on ``Idempotency-Key``, not a repeat answered without applying them. The web
@@ -248,13 +248,13 @@ class TaskService:
 
         The bytes must be a PNG, JPEG, GIF or WEBP (ImageRefused otherwise). They are read (``load``)
         only once one of the upload gate's slots is held (UploadsBusy when none frees within
-        ``max_wait``), and uploaded only if the task still takes them: not finished (TaskConflict,
-        also before the read), not at its image cap (EventRejected) — refused images cost no upload. The ref
+        ``max_wait``), and uploaded only if the task still takes them: not finished (TaskFinished,
+        also before the read), not at its image cap (TooManyImages) — refused images cost no upload. The ref
         is the content's digest, so the same image uploaded twice is one ref and one Feishu upload.
         """
         task = await self.require(session_id)
         if task.state.status.is_terminal:  # nothing to read; the cap needs the bytes (a held ref is fine)
-            raise TaskConflict(f"task {session_id} has finished")
+            raise TaskFinished(f"task {session_id} has finished")
         uploads = self.apps.get(task.state.app).images.uploads  # an image key belongs to an app
         assert uploads is not None
         read: list[bytes] = []
@@ -346,5 +346,9 @@ class TaskService:
     def card_stopped(self, card: Deliverable, reason: str) -> None:
         task = self.registry.by_message(card.message_id)
         if task is not None:
-            task.state.stop_reason = reason
-            self.snapshots.mark_dirty(task)
+            self.background.spawn(self._stopped(task, reason), name="card-stopped")
+
+    async def _stopped(self, task: Task, reason: str) -> None:
+        async with task.lock:  # like every change of the state: a batch may be mid-apply
+            task.state.card_stopped(reason)
+        self.snapshots.mark_dirty(task)

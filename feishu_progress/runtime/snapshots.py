@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import fields
+from datetime import datetime
 from enum import StrEnum
 
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.db.repo import StateRow, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
-from feishu_progress.domain import TaskStatus
 from feishu_progress.group_commit import GroupCommit
 from feishu_progress.ports import Clock
-from feishu_progress.runtime.state import TaskState, dump_snapshot
+from feishu_progress.runtime.state import TaskState, dump_snapshot, restore
 from feishu_progress.runtime.task import Task
 from feishu_progress.waiting import Stopper
 
@@ -158,12 +159,12 @@ class SnapshotStore:
                 log.exception("saving task snapshots failed")
 
     async def _rows(self, states: Sequence[TaskState]) -> list[StateRow]:
-        snapshots = [state.snapshot_dict() for state in states]  # on the loop: the state may change after
         size = sum(len(state.content) + _CHARS_PER_TOOL_ESTIMATE * len(state.tools) for state in states)
         if size > OFF_LOOP_CHARS:
-            texts = await asyncio.to_thread(lambda: [dump_snapshot(snapshot) for snapshot in snapshots])
+            copies = [state.detached() for state in states]  # on the loop: the states may change after
+            texts = await asyncio.to_thread(lambda: [dump_snapshot(copy) for copy in copies])
         else:
-            texts = [dump_snapshot(snapshot) for snapshot in snapshots]
+            texts = [dump_snapshot(state) for state in states]
         return [_state_row(state, text) for state, text in zip(states, texts, strict=True)]
 
     # -- loading --------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class SnapshotStore:
         fence = await self._repo.next_fence(state.session_id, state.fence)
         if fence is None:
             return False
-        state.fence = fence
+        state.hold_at(fence)
         return True
 
     async def new_epochs(self, states: list[TaskState]) -> None:
@@ -191,7 +192,7 @@ class SnapshotStore:
         streamed = [state for state in states if state.card_id is not None]
         await self._repo.next_fences([state.session_id for state in streamed])
         for state in streamed:
-            state.fence += 1
+            state.hold_at(state.fence + 1)
 
     async def load(self, session_id: int) -> TaskState | None:
         """One task from the database (an evicted one a click or request asks about)."""
@@ -215,26 +216,19 @@ def _state_row(state: TaskState, snapshot: str) -> StateRow:
     )
 
 
+# The card row's values a TaskState declares too, by name (the rest of the row is not the task's state).
+_ROW_FIELDS = tuple(sorted({f.name for f in fields(TaskRecord)} & {f.name for f in fields(TaskState)}))
+
+
 def state_from_record(record: TaskRecord) -> TaskState:
-    state = TaskState(
-        session_id=record.session_id,
-        requester_open_id=record.requester_open_id,
-        receive_id=record.receive_id,
-        receive_id_type=record.receive_id_type,
-        title=record.title or "",
-        locale=record.locale,
-        message_id=record.message_id,
-        status=TaskStatus(record.status),
-        round=record.round,
-        disliked=record.disliked,
-        stop_reason=record.stop_reason,
-        fence=record.fence,
-        card_id=record.card_id,
-        app=record.app,
-        started_at=record.started_at.timestamp(),
-        last_event_at=record.last_event_at.timestamp(),
-    )
-    state.restore_snapshot(record.snapshot or "")
-    if state.status.is_terminal and state.finished_at is None and record.finished_at is not None:
-        state.finished_at = record.finished_at.timestamp()
+    """The task as its card row and the snapshot saved in it describe it (a damaged snapshot is logged)."""
+    row = {name: _plain(value) for name in _ROW_FIELDS if (value := getattr(record, name)) is not None}
+    state, damaged = restore(row, record.snapshot)
+    if damaged:
+        log.warning("task %s: damaged snapshot dropped: %s", record.session_id, ", ".join(sorted(damaged)))
     return state
+
+
+def _plain(value: object) -> object:
+    """A column's value as TaskState holds it: times as epoch seconds."""
+    return value.timestamp() if isinstance(value, datetime) else value

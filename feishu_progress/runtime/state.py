@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any, NamedTuple, TypeVar, get_origin, get_type_hints
+
+from pydantic import BeforeValidator, PlainSerializer, TypeAdapter, ValidationError
 
 from feishu_progress.domain import (
     IMAGE_UPLOADING,
     AskOption,
     AskQuestion,
+    CardPanels,
     CardState,
     Notice,
     PendingApproval,
@@ -31,7 +34,7 @@ from feishu_progress.domain import (
     TaskStatus,
     ToolCall,
 )
-from feishu_progress.errors import EventRejected, TaskConflict
+from feishu_progress.errors import EventRejected, TaskFinished, TooManyImages
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.bounds import bound_json
 
@@ -65,6 +68,41 @@ def batch_digest(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()[:32]
 
 
+_T = TypeVar("_T")
+
+
+class _InSnapshot:
+    """The mark of a field the snapshot holds (see ``InSnapshot``)."""
+
+
+_IN_SNAPSHOT = _InSnapshot()
+# A TaskState field saved in the task's snapshot (task_card.snapshot); unmarked ones come from the card
+# row's columns or live in memory only.
+InSnapshot = Annotated[_T, _IN_SNAPSHOT]
+
+
+def _by_key(key: str) -> Callable[[Any], Any]:
+    def keyed(saved: Any) -> Any:
+        if isinstance(saved, list):
+            return {item[key]: item for item in saved if isinstance(item, Mapping) and key in item}
+        return saved
+
+    return keyed
+
+
+# Records by id, saved as the list of their values in order (the snapshot's shape since v1).
+_AS_LIST = PlainSerializer(lambda by_id: list(by_id.values()))
+_ToolsById = Annotated[dict[str, ToolCall], BeforeValidator(_by_key("call_id")), _AS_LIST]
+_AsksById = Annotated[dict[str, PendingAsk], BeforeValidator(_by_key("ask_id")), _AS_LIST]
+_ApprovalsById = Annotated[dict[str, PendingApproval], BeforeValidator(_by_key("approval_id")), _AS_LIST]
+# An insertion-ordered set of ids, saved as a list.
+_IdSet = Annotated[
+    dict[str, None],
+    BeforeValidator(lambda ids: dict.fromkeys(ids) if isinstance(ids, list) else ids),
+    PlainSerializer(list),
+]
+
+
 def _remember(ids: dict[str, None], new_id: str, keep: int = MAX_REMEMBERED_IDS) -> None:
     """An insertion-ordered set that forgets its oldest ids past ``keep``."""
     ids[new_id] = None
@@ -74,42 +112,47 @@ def _remember(ids: dict[str, None], new_id: str, keep: int = MAX_REMEMBERED_IDS)
 
 @dataclass
 class TaskState:
-    """Everything we know about one task; the live card is built from it."""
+    """Everything we know about one task; the live card is built from it (``card_state``).
+
+    Declared once, here: a field marked ``InSnapshot`` is in the task's snapshot, serialised by ``SNAPSHOT``
+    from these declarations; the card row's columns (status, round, disliked...) are saved beside it, and
+    the rest lives in memory only. Every change is a method below, called under the task's lock.
+    """
 
     session_id: int
     requester_open_id: str
     receive_id: str
     receive_id_type: str
-    title: str = ""
+    title: InSnapshot[str] = ""
     locale: str | None = None
     message_id: str | None = None
     status: TaskStatus = TaskStatus.RUNNING
     round: int = 0
-    content: str = ""
-    content_chars: int = 0  # length of the whole content, of which ``content`` is the head
-    tools: dict[str, ToolCall] = field(default_factory=dict)
-    tools_dropped: int = 0  # older calls of this round no longer kept
-    pending_asks: dict[str, PendingAsk] = field(default_factory=dict)
-    answered_asks: dict[str, None] = field(default_factory=dict)
-    approvals: dict[str, PendingApproval] = field(default_factory=dict)
-    resolved_approvals: dict[str, None] = field(default_factory=dict)
+    content: InSnapshot[str] = ""
+    content_chars: InSnapshot[int] = 0  # length of the whole content, of which ``content`` is the head
+    tools: InSnapshot[_ToolsById] = field(default_factory=dict)
+    tools_dropped: InSnapshot[int] = 0  # older calls of this round no longer kept
+    pending_asks: InSnapshot[_AsksById] = field(default_factory=dict)
+    answered_asks: InSnapshot[_IdSet] = field(default_factory=dict)
+    approvals: InSnapshot[_ApprovalsById] = field(default_factory=dict)
+    resolved_approvals: InSnapshot[_IdSet] = field(default_factory=dict)
     disliked: bool = False
-    notice: Notice | None = None
-    error: str = ""
-    started_at: float = 0.0
+    notice: InSnapshot[Notice | None] = None
+    error: InSnapshot[str] = ""
+    started_at: InSnapshot[float] = 0.0
     last_event_at: float = 0.0
-    retry_requested: bool = False
-    image_keys: dict[str, str] = field(default_factory=dict)
+    retry_requested: InSnapshot[bool] = False
+    image_keys: InSnapshot[dict[str, str]] = field(default_factory=dict)
     # Image refs whose upload is in flight (never saved: after a restart no upload is running).
     uploading_images: set[str] = field(default_factory=set)
-    finished_at: float | None = None
+    finished_at: InSnapshot[float | None] = None
     stop_reason: str | None = None  # why the card can no longer be updated (recalled, expired...)
-    actions_applied: int = 0  # the last action-log id whose effect this state carries
-    events_applied: int = 0  # the last event-log seq of this task whose batch this state carries
+    actions_applied: InSnapshot[int] = 0  # the last action-log id whose effect this state carries
+    events_applied: InSnapshot[int] = 0  # the last event-log seq of this task whose batch this state carries
     # Digests of the Idempotency-Keys of the last batches applied: a repeat is answered, not applied.
-    applied_batches: dict[str, None] = field(default_factory=dict)
+    applied_batches: InSnapshot[_IdSet] = field(default_factory=dict)
     # ... and the digest of each one's events (``request_digest``): the key reused for others is refused.
-    batch_bodies: dict[str, str] = field(default_factory=dict)
+    batch_bodies: InSnapshot[dict[str, str]] = field(default_factory=dict)
     fence: int = 0  # the writing epoch this process holds the card at (task_card.fence)
     card_id: str | None = None  # the CardKit card entity the message shows (None: PATCHed whole)
     app: str = "default"  # the Feishu/Lark app that sent the card and writes it (apps.py)
@@ -118,7 +161,7 @@ class TaskState:
     def check_batch(self, events: Sequence[ev.Event]) -> None:
         """Refuse a batch this task cannot take, before any of it is applied."""
         if self.status.is_terminal and not self._revived_by(events[0]):
-            raise TaskConflict(f"task {self.session_id} has finished ({self.status.value})")
+            raise TaskFinished(f"task {self.session_id} has finished ({self.status.value})")
         for index, event in enumerate(events[:-1]):
             if isinstance(event, ev.FinishedEvent):
                 raise EventRejected(f"events[{index + 1}]", "no event may follow 'finished' in a batch")
@@ -242,7 +285,7 @@ class TaskState:
     def add_uploaded_image(self, ref: str, image_key: str) -> None:
         """An image the runtime uploaded (``POST /v1/tasks/{id}/images``): tool results may name ``ref``."""
         if ref not in self.image_keys and len(self.image_keys) >= MAX_IMAGE_KEYS:
-            raise EventRejected("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
+            raise TooManyImages("image", f"a task may hold at most {MAX_IMAGE_KEYS} images")
         self.image_keys[ref] = image_key
 
     def images_on_their_way(self, refs: Iterable[str]) -> None:
@@ -278,6 +321,23 @@ class TaskState:
 
     def set_disliked(self, disliked: bool) -> None:
         self.disliked = disliked
+
+    def sent_as(self, message_id: str, card_id: str | None = None) -> None:
+        """The first card went out as ``message_id``, showing the CardKit entity ``card_id`` if any."""
+        self.message_id = message_id
+        self.card_id = card_id
+
+    def hold_at(self, fence: int) -> None:
+        """This process writes the card at writing epoch ``fence`` from now (task_card.fence)."""
+        self.fence = fence
+
+    def card_stopped(self, reason: str) -> None:
+        """The card can never be updated again (recalled, expired, rejected)."""
+        self.stop_reason = reason
+
+    def logged_batch_applied(self, seq: int) -> None:
+        """The event log's batch ``seq`` has had its effect (applied, or refused as it would be live)."""
+        self.events_applied = seq
 
     def remember_batch(self, digest: str, body: str | None = None) -> None:
         """A batch with this Idempotency-Key digest was applied (``batch_digest``), with these events."""
@@ -341,11 +401,9 @@ class TaskState:
     # ----------------------------------------------------------------- views
     def card_state(self) -> CardState:
         """What the live card shows."""
-        return CardState(
+        panels = CardPanels(
             status=self.status,
             round=self.round,
-            content=self.content,
-            content_chars=self.content_chars,
             tools=tuple(self.tools.values()),
             earlier_tools=self.tools_dropped,
             pending_asks=tuple(self.pending_asks.values()),
@@ -356,142 +414,91 @@ class TaskState:
             image_keys={**dict.fromkeys(self.uploading_images, IMAGE_UPLOADING), **self.image_keys},
             finished_at=self.finished_at if self.status.is_terminal else None,
         )
+        return CardState(panels, self.content, self.content_chars)
 
     # ----------------------------------------------------------------- snapshot
-    def snapshot_dict(self) -> dict[str, Any]:
-        """What a restarted process needs to re-attach the card (cheap: values are shared, not copied)."""
-        return {
-            "v": SNAPSHOT_VERSION,
-            "title": self.title,
-            "content": self.content,
-            "content_chars": self.content_chars,
-            "tools": [
-                {
-                    "call_id": c.call_id,
-                    "name": c.name,
-                    "args": c.args,
-                    "result": c.result,
-                    "finished": c.finished,
-                }
-                for c in self.tools.values()
-            ],
-            "tools_dropped": self.tools_dropped,
-            "pending_asks": [_ask_to_json(a) for a in self.pending_asks.values()],
-            "answered_asks": list(self.answered_asks),
-            "approvals": [
-                {
-                    "approval_id": a.approval_id,
-                    "tool_name": a.tool_name,
-                    "summary": a.summary,
-                    "allow_always": a.allow_always,
-                }
-                for a in self.approvals.values()
-            ],
-            "resolved_approvals": list(self.resolved_approvals),
-            "notice": self.notice.value if self.notice else None,
-            "error": self.error,
-            "started_at": self.started_at,
-            "retry_requested": self.retry_requested,
-            "image_keys": dict(self.image_keys),
-            "finished_at": self.finished_at,
-            "actions_applied": self.actions_applied,
-            "events_applied": self.events_applied,
-            "applied_batches": list(self.applied_batches),
-            "batch_bodies": dict(self.batch_bodies),
+    def to_snapshot(self) -> str:
+        """The snapshot as stored: the ``InSnapshot`` fields (cheap to call on the loop; see ``detached``)."""
+        return dump_snapshot(self)
+
+    def detached(self) -> TaskState:
+        """A copy to dump off the event loop while this state changes: its saved dicts are its own, their
+        values (frozen calls, asks, approvals; strings) are shared, not copied."""
+        own: dict[str, Any] = {name: dict(getattr(self, name)) for name in _SAVED_DICTS}
+        return replace(self, **own)
+
+    def _within_bounds(self) -> None:
+        """A restored state within today's bounds (a v1 snapshot kept the whole content and every call)."""
+        self.content_chars = max(self.content_chars, len(self.content))
+        self.content = self.content[:CONTENT_KEEP_CHARS]
+        for stale in list(self.tools)[:-MAX_TOOLS_KEPT]:
+            del self.tools[stale]
+            self.tools_dropped += 1
+        self.batch_bodies = {
+            key: body for key, body in self.batch_bodies.items() if key in self.applied_batches
         }
 
-    def to_snapshot(self) -> str:
-        return dump_snapshot(self.snapshot_dict())
 
-    def restore_snapshot(self, snapshot: str) -> None:
-        """Load a snapshot written by ``to_snapshot``; a damaged one leaves the defaults."""
-        try:
-            data = json.loads(snapshot) if snapshot else {}
-        except ValueError:
-            return
-        if isinstance(data, dict):
-            self._restore(data)
+SNAPSHOT: TypeAdapter[TaskState] = TypeAdapter(TaskState)
+SAVED_FIELDS = frozenset(
+    name
+    for name, hint in get_type_hints(TaskState, include_extras=True).items()
+    if _IN_SNAPSHOT in getattr(hint, "__metadata__", ())
+)
+_INCLUDE = set(SAVED_FIELDS)  # the adapter's ``include`` takes a set
+_SAVED_DICTS = tuple(
+    name
+    for name, hint in get_type_hints(TaskState).items()
+    if name in SAVED_FIELDS and get_origin(hint) is dict
+)
 
-    def _restore(self, data: dict[str, Any]) -> None:
-        self.title = str(data.get("title") or self.title)
-        self._set_content(str(data.get("content") or ""))
-        self.content_chars = max(self.content_chars, _int(data.get("content_chars")))
-        for raw in data.get("tools") or []:
-            self._keep_tool(_tool_from_json(raw))
-        self.tools_dropped = _int(data.get("tools_dropped"))
-        for raw in data.get("pending_asks") or []:
-            ask = _ask_from_json(raw)
-            self.pending_asks[ask.ask_id] = ask
-        self.answered_asks = dict.fromkeys(map(str, data.get("answered_asks") or []))
-        for raw in data.get("approvals") or []:
-            approval = PendingApproval(
-                str(raw["approval_id"]),
-                str(raw["tool_name"]),
-                str(raw.get("summary", "")),
-                raw.get("allow_always") is True,
-            )
-            self.approvals[approval.approval_id] = approval
-        self.resolved_approvals = dict.fromkeys(map(str, data.get("resolved_approvals") or []))
-        notice = data.get("notice")
-        self.notice = (
-            Notice(notice) if isinstance(notice, str) and notice in Notice._value2member_map_ else None
+
+class Restored(NamedTuple):
+    """A state loaded from its card row and snapshot, and the saved fields that were damaged (dropped)."""
+
+    state: TaskState
+    damaged: frozenset[str]
+
+
+def dump_snapshot(state: TaskState) -> str:
+    """``state``'s snapshot as stored: JSON of its ``InSnapshot`` fields, led by the version of that shape."""
+    body = SNAPSHOT.dump_json(state, include=_INCLUDE, fallback=str)
+    # The version is not a field of the state: it leads the object the adapter wrote ('{"title":...').
+    return f'{{"v":{SNAPSHOT_VERSION},' + body[1:].decode()
+
+
+def restore(row: Mapping[str, Any], snapshot: str | None) -> Restored:
+    """A task from its card row's values (by TaskState field name) and the snapshot saved with them.
+
+    Any snapshot written so far loads (v1 lacks the newer fields: they keep their defaults). A saved value
+    that is empty keeps the row's value or the default (a v1 task without its title kept the session's);
+    a damaged snapshot, or a damaged field of one, is dropped and named, never fatal.
+    """
+    saved = _saved_values(snapshot)
+    damaged = frozenset({"snapshot"}) if saved is None else frozenset()
+    values = {**row, **(saved or {})}
+    try:
+        state = SNAPSHOT.validate_python(values)
+    except ValidationError as exc:
+        damaged = frozenset(str(error["loc"][0]) for error in exc.errors() if error["loc"]) & SAVED_FIELDS
+        state = SNAPSHOT.validate_python(
+            {name: value for name, value in values.items() if name not in damaged}
         )
-        self.error = str(data.get("error") or "")
-        self.started_at = float(data.get("started_at") or self.started_at)
-        self.retry_requested = bool(data.get("retry_requested"))
-        self.image_keys = {str(k): str(v) for k, v in (data.get("image_keys") or {}).items()}
-        finished_at = data.get("finished_at")
-        self.finished_at = float(finished_at) if isinstance(finished_at, int | float) else None
-        self.actions_applied = _int(data.get("actions_applied"))
-        self.events_applied = _int(data.get("events_applied"))
-        self.applied_batches = dict.fromkeys(map(str, data.get("applied_batches") or []))
-        bodies = data.get("batch_bodies") or {}
-        self.batch_bodies = {str(k): str(v) for k, v in bodies.items() if k in self.applied_batches}
+    state._within_bounds()
+    return Restored(state, damaged)
 
 
-def dump_snapshot(snapshot: dict[str, Any]) -> str:
-    """The snapshot as stored (separate from ``snapshot_dict`` so large ones can be dumped off the loop)."""
-    return json.dumps(snapshot, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _tool_from_json(raw: dict[str, Any]) -> ToolCall:
-    return ToolCall(
-        str(raw["call_id"]), str(raw["name"]), raw.get("args"), raw.get("result"), bool(raw.get("finished"))
-    )
-
-
-def _ask_to_json(ask: PendingAsk) -> dict[str, Any]:
-    return {
-        "ask_id": ask.ask_id,
-        "questions": [
-            {
-                "question": q.question,
-                "multi_select": q.multi_select,
-                "options": [{"label": o.label, "description": o.description} for o in q.options],
-            }
-            for q in ask.questions
-        ],
-    }
-
-
-def _ask_from_json(raw: dict[str, Any]) -> PendingAsk:
-    return PendingAsk(
-        str(raw["ask_id"]),
-        tuple(
-            AskQuestion(
-                str(q["question"]),
-                tuple(
-                    AskOption(str(o["label"]), str(o.get("description", ""))) for o in q.get("options", [])
-                ),
-                bool(q.get("multi_select")),
-            )
-            for q in raw.get("questions", [])
-        ),
-    )
+def _saved_values(snapshot: str | None) -> dict[str, Any] | None:
+    """The saved fields a snapshot holds, but the empty ones; None when it is not a JSON object."""
+    if not snapshot:
+        return {}
+    try:
+        data = json.loads(snapshot)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {name: value for name, value in data.items() if name in SAVED_FIELDS and value}
 
 
 _HANDLERS: dict[type, Any] = {

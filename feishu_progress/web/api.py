@@ -1,4 +1,8 @@
-"""The runtime API (docs/openapi.json): tasks, their events, their card, their user actions."""
+"""The runtime API (docs/openapi.json): tasks, their events, their card, their user actions.
+
+Handlers let the service's errors rise: ``web/http.py`` ``domain_answer`` is the one table of what each
+answers (404 unknown_task, 409 task_finished, 422 invalid_event...), the same on every route.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from feishu_progress.apps import UnknownApp
 from feishu_progress.config import MAX_IMAGE_BYTES
-from feishu_progress.errors import EventRejected, ImageRefused, TaskConflict, TooManyLive, UnknownTask
-from feishu_progress.images.uploads import UploadsBusy
-from feishu_progress.runtime.creation import FirstCardFailed
+from feishu_progress.errors import RequestRejected
 from feishu_progress.runtime.events import CreateTaskRequest, EventBatch, parse_model
 from feishu_progress.runtime.responses import ActionsPage, EventsAccepted, TaskCreated
 from feishu_progress.runtime.service import TaskService
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 MAX_EVENT_BODY = 8 * 1024 * 1024
 MAX_WAIT_SECONDS = 60.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
-TOO_MANY_LIVE_RETRY = 5  # s: live tasks leave memory as their finals are delivered
 UPLOAD_SLOT_WAIT_SECONDS = 2.0  # an upload waits this long for a slot of FP_IMAGES__CONCURRENCY, then 429
 
 
@@ -43,7 +43,7 @@ def _session_id(request: web.Request) -> int:
     raw = request.match_info["session_id"]
     session_id = parse_id(raw)
     if session_id is None:
-        raise HttpError(404, "unknown_task", f"no task {raw[:40]!r}")
+        raise HttpError(404, "unknown_task", f"no task {raw[:40]!r}")  # names no task: not even an id
     return session_id
 
 
@@ -90,10 +90,7 @@ async def read_event_batch(request: web.Request) -> EventBatchRead:
     payload = parse_json(raw)
     if large:
         await asyncio.sleep(0)
-    try:
-        batch = parse_model(EventBatch, payload)
-    except EventRejected as exc:
-        raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
+    batch = parse_model(EventBatch, payload)  # EventRejected: a 422 naming the field
     if large:
         await asyncio.sleep(0)
     digest = None if key is None else request_digest(raw)
@@ -126,22 +123,9 @@ class RuntimeApi:
 
     async def create_task(self, request: web.Request) -> web.Response:
         key = _idempotency_key(request)
-        try:
-            body = parse_model(CreateTaskRequest, await read_json(request, limit=MAX_EVENT_BODY))
-        except EventRejected as exc:
-            raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
-        try:
-            created = await self.service.create_task(body, key)
-        except UnknownApp as exc:
-            raise HttpError(422, "unknown_app", str(exc), field="app") from None
-        except TaskConflict as exc:
-            raise HttpError(409, "task_exists", str(exc)) from None
-        except EventRejected as exc:  # the Idempotency-Key came with another request before
-            raise HttpError(422, "invalid_request", exc.message, field=exc.location) from None
-        except FirstCardFailed as exc:
-            raise HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after) from None
-        except TooManyLive as exc:
-            raise HttpError(503, "unavailable", f"{exc}; retry", retry_after=TOO_MANY_LIVE_RETRY) from None
+        payload = await read_json(request, limit=MAX_EVENT_BODY)
+        body = parse_model(CreateTaskRequest, payload, rejected=RequestRejected)
+        created = await self.service.create_task(body, key)
         answer = TaskCreated(session_id=created.session_id, message_id=created.message_id)
         return web.json_response(answer.json_body(), status=201)
 
@@ -149,22 +133,11 @@ class RuntimeApi:
         session_id = _session_id(request)
         async with self._gate.admit(request):
             read = await read_event_batch(request)
-        try:
-            applied = await self.service.apply_events(session_id, read.batch, read.key, read.digest)
-        except EventRejected as exc:
-            raise HttpError(422, "invalid_event", exc.message, field=exc.location) from None
-        except UnknownTask:
-            raise HttpError(404, "unknown_task", f"no task {session_id}") from None
-        except TaskConflict as exc:
-            raise HttpError(409, "task_finished", str(exc)) from None
+        applied = await self.service.apply_events(session_id, read.batch, read.key, read.digest)
         return web.json_response(EventsAccepted(accepted=applied).json_body(), status=202)
 
     async def get_task(self, request: web.Request) -> web.Response:
-        session_id = _session_id(request)
-        try:
-            view = await self.service.view(session_id)
-        except UnknownTask:
-            raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        view = await self.service.view(_session_id(request))
         return web.json_response(view.json_body())
 
     async def get_actions(self, request: web.Request) -> web.Response:
@@ -180,10 +153,7 @@ class RuntimeApi:
             raise HttpError(
                 422, "invalid_query", f"0 <= 'after' < 2**63 and 0 <= 'wait' <= {MAX_WAIT_SECONDS:g}"
             )
-        try:
-            actions, cursor = await self.service.wait_actions(session_id, after, wait)
-        except UnknownTask:
-            raise HttpError(404, "unknown_task", f"no task {session_id}") from None
+        actions, cursor = await self.service.wait_actions(session_id, after, wait)
         return web.json_response(ActionsPage(actions=actions, cursor=cursor).json_body())
 
     async def upload_image(self, request: web.Request) -> web.Response:
@@ -197,20 +167,5 @@ class RuntimeApi:
         async def body() -> bytes:
             return await read_file_field(request, field="image", limit=MAX_IMAGE_BYTES)
 
-        try:
-            uploaded = await self.service.add_image_from(session_id, body, max_wait=UPLOAD_SLOT_WAIT_SECONDS)
-        except UnknownTask:
-            raise HttpError(404, "unknown_task", f"no task {session_id}") from None
-        except UploadsBusy:
-            raise HttpError(
-                429, "too_busy", "every image upload slot is taken; retry", retry_after=1
-            ) from None
-        except TaskConflict as exc:
-            raise HttpError(409, "task_finished", str(exc)) from None
-        except ImageRefused as exc:
-            raise HttpError(
-                422, "invalid_image", f"not an image we can show: {exc.reason}", field="image"
-            ) from None
-        except EventRejected as exc:
-            raise HttpError(422, "too_many_images", exc.message, field="image") from None
+        uploaded = await self.service.add_image_from(session_id, body, max_wait=UPLOAD_SLOT_WAIT_SECONDS)
         return web.json_response(uploaded.json_body(), status=201)

@@ -4,8 +4,9 @@ to serve an app on a port (``serving``).
 Every error any endpoint answers — runtime API, callbacks, admin, the sandbox preview — is
 ``{"error": "<code>", "message": "<for people>"}``, plus ``field`` on a 422 and ``retry_after`` on a 503
 (``runtime/responses.py`` ErrorBody, the schema the OpenAPI document names). Handlers raise
-``HttpError``; the ``json_errors`` middleware turns it (and aiohttp's own 404/405/413...) into that
-shape, and turns an unexpected failure on our side into a JSON 503 a client can retry, never a bare 500.
+``HttpError``, or let the service's own errors rise: the ``json_errors`` middleware turns them (through
+``domain_answer``, the one table of which error means which status), aiohttp's own 404/405/413... and an
+unexpected failure on our side (a JSON 503 a client can retry, never a bare 500) into that shape.
 """
 
 from __future__ import annotations
@@ -23,7 +24,20 @@ from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
 from yarl import URL
 
-from feishu_progress.errors import FeishuProgressError
+from feishu_progress.errors import (
+    EventRejected,
+    FeishuProgressError,
+    FirstCardFailed,
+    ImageRefused,
+    RequestRejected,
+    TaskExists,
+    TaskFinished,
+    TooManyImages,
+    TooManyLive,
+    UnknownRequestedApp,
+    UnknownTask,
+    UploadsBusy,
+)
 from feishu_progress.runtime.responses import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -32,6 +46,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
 RETRY_AFTER_SECONDS = 1
+TOO_MANY_LIVE_RETRY = 5  # s: live tasks leave memory as their finals are delivered
 MAX_JSON_DEPTH = 64
 
 
@@ -85,23 +100,65 @@ def unavailable(message: str, retry_after: int = RETRY_AFTER_SECONDS) -> web.Res
     return json_error(503, "unavailable", message, retry_after=retry_after)
 
 
+def domain_answer(exc: FeishuProgressError) -> HttpError | None:
+    """The one table of what the service's errors answer over HTTP (None: a failure on our side, a 503).
+
+    Most specific first. Handlers never map these themselves: the same error means the same status and
+    code on every route.
+    """
+    match exc:
+        case UnknownTask():
+            return HttpError(404, "unknown_task", str(exc))
+        case TaskExists():
+            return HttpError(409, "task_exists", str(exc))
+        case TaskFinished():
+            return HttpError(409, "task_finished", str(exc))
+        case EventRejected():
+            return HttpError(422, "invalid_event", exc.message, field=exc.location)
+        case TooManyImages():
+            return HttpError(422, "too_many_images", exc.message, field=exc.location)
+        case RequestRejected():
+            return HttpError(422, "invalid_request", exc.message, field=exc.location)
+        case UnknownRequestedApp():
+            return HttpError(422, "unknown_app", str(exc), field="app")
+        case ImageRefused():
+            return HttpError(422, "invalid_image", f"not an image we can show: {exc.reason}", field="image")
+        case UploadsBusy():
+            return HttpError(429, "too_busy", "every image upload slot is taken; retry", retry_after=1)
+        case FirstCardFailed():
+            return HttpError(503, "unavailable", str(exc), retry_after=exc.retry_after)
+        case TooManyLive():
+            return HttpError(503, "unavailable", f"{exc}; retry", retry_after=TOO_MANY_LIVE_RETRY)
+    return None
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """HttpError and aiohttp's HTTP errors as JSON; a failure on our side as a retryable 503."""
+    """HttpError, the service's errors (``domain_answer``) and aiohttp's HTTP errors as JSON; a failure
+    on our side as a retryable 503."""
     try:
         return await handler(request)
     except HttpError as exc:
-        return json_error(exc.status, exc.code, exc.message, field=exc.field, retry_after=exc.retry_after)
+        return _answer(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
     except FeishuProgressError as exc:
+        answer = domain_answer(exc)
+        if answer is not None:
+            return _answer(answer)
         log.warning("%s %r failed: %s", request.method, request.path, type(exc).__name__)
         return unavailable("Feishu or the database did not answer; retry later")
     except Exception:
         log.exception("%s %r failed", request.method, request.path)
         return unavailable("the service could not complete the request; retry later")
+
+
+def _answer(error: HttpError) -> web.Response:
+    return json_error(
+        error.status, error.code, error.message, field=error.field, retry_after=error.retry_after
+    )
 
 
 MAX_ID = 2**63 - 1  # session and action ids are BIGINT: a larger one names nothing
