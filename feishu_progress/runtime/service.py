@@ -45,10 +45,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """This instance writes the card now, at ``fence``; ``hold`` seconds before its first write."""
+    """This instance writes the card now, at ``fence``; ``hold`` seconds before its first write.
+
+    ``taken``: the fence was just moved for this instance (a take), so it is a new epoch already. The
+    hold applies to a PATCHed card only: a CardKit card's sequences at the new fence count above every
+    one the old writer could still send, so Feishu refuses a late write of its own accord.
+    """
 
     fence: int
     hold: float = 0.0
+    taken: bool = False
 
 
 class Ownership(Protocol):
@@ -150,7 +156,7 @@ class TaskService:
             return None
         if claim is not None:
             state.fence = claim.fence
-        if not await self.snapshots.new_epoch(state):
+        if not (claim is not None and claim.taken) and not await self.snapshots.new_epoch(state):
             log.warning("task %s: its card changed hands while it was loaded", session_id)
             return None
         await self._replay_actions(state)
@@ -158,10 +164,10 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
-        if claim is not None and claim.hold > 0:
+        if claim is not None and claim.hold > 0 and state.card_id is None:
             self._scheduler_of(task).hold(task.card, claim.hold)
         # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
-        # awaited: a takeover loads a dead instance's cards one after another, and a batch that
+        # awaited: a takeover loads a dead instance's cards by the dozen, and a batch that
         # arrives first applies them itself before its own.
         self.background.spawn(self._catch_up_events(task), name="catch-up-logged")
         if claim is not None or not state.status.is_terminal:
