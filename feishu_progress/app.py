@@ -162,6 +162,7 @@ def create_app(
     )
     # An app in ws mode has no route: its clicks arrive over the long connection only.
     webhook_apps = [(spec.name, spec.feishu) for spec in services.app_specs if spec.feishu.mode == "webhook"]
+    gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
     if webhook_apps:
         app.router.add_routes(
             callback_routes(
@@ -171,9 +172,9 @@ def create_app(
                 observe=services.metrics.callback_latency.observe,
                 apps=webhook_apps,
                 default_app=default_app_name([spec.name for spec in services.app_specs]),
+                priority=gate,
             )
         )
-    gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
     app.router.add_routes(RuntimeApi(services.require_service, gate).routes())
     app.router.add_routes(openapi_routes())
     if _clustered(services):

@@ -39,6 +39,9 @@ from feishu_progress.runtime.state import MAX_IMAGE_KEYS
 from feishu_progress.sandbox import preview
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.web import load
+from feishu_progress.web.http import HttpError, parse_json
+from feishu_progress.web.load import HeavyGate
 
 TOKEN = "load-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -89,6 +92,51 @@ async def test_large_batches_wait_their_turn_and_small_ones_do_not(
     await asyncio.sleep(0.1)  # the abandoned body gives its slot back
     again = await client.post(path, data=LARGE, headers=AUTH | {"Content-Type": "application/json"})
     assert again.status == 202
+
+
+async def test_while_a_click_is_answered_a_large_body_waits_at_its_next_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = HeavyGate()
+    with gate.urgent():
+        step = asyncio.create_task(gate.give_way())
+        await asyncio.sleep(0.05)
+        assert not step.done(), "the large body went on while the click was answered"
+    await asyncio.wait_for(step, 1)
+    monkeypatch.setattr(load, "GIVE_WAY_SECONDS", 0.05)
+    with gate.urgent():  # a click that takes long slows a large body down, it never stops it
+        await asyncio.wait_for(gate.give_way(), 1)
+    await asyncio.wait_for(gate.give_way(), 1)  # no click: at once
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"events": [{"type": "content", "text": "\\ud83d\\ude00 ok"}]}',
+        b'{"a": 1e400, "b": -0, "c": 123456789012345678901234567890, "a": 2}',
+        '{"t": "文本"}'.encode("utf-16"),  # not UTF-8: json.loads still takes it
+        b"[" * 100 + b"]" * 100,  # within the parser's own limit, past ours
+        b"[" * 300 + b"]" * 300,  # past the parser's own limit too
+        b'{"t": "\\ud800"}',  # a lone surrogate
+        b'{"t": "x"',
+        b"\xff\xfe\x00",
+    ],
+)
+def test_the_fast_json_parser_answers_as_json_loads_did(raw: bytes) -> None:
+    """parse_json takes pydantic-core's parser first (half the CPU on a large batch): same answers."""
+    try:
+        expected: Any = ("ok", json.loads(raw))
+        if json.dumps(expected[1]).count("[") > 64:
+            expected = ("error", 422)
+        elif "\\ud800" in raw.decode("utf-8", "replace"):
+            expected = ("error", 400)
+    except ValueError:
+        expected = ("error", 400)
+    try:
+        got: Any = ("ok", parse_json(raw))
+    except HttpError as exc:
+        got = ("error", exc.status)
+    assert got == expected
 
 
 # -- item 5: image uploads take their slot before their body, and cost Feishu nothing when refused -------
