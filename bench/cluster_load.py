@@ -13,7 +13,11 @@ use = card updates delivered in the stream window ÷ (1 000/min pro rata over it
 per card; rate-limit answers (230020, 99991400, 429); final states delivered; the instances' CPU s per
 1 000 events (utime + stime from /proc). With 2 or more instances, the last one is killed with SIGKILL
 halfway through the stream: TAKEOVER = seconds from the kill until every card it wrote last was updated
-by another instance (the worst card; the median card in brackets).
+by another instance (the worst card; the median card in brackets). ``--pause S`` pauses it instead
+(SIGSTOP for S seconds, then SIGCONT): takeover counts from the SIGSTOP, and STALE WRITES are updates
+the paused instance sent, after it resumed, to a card another instance had written since the pause
+(must be 0; a card nobody took meanwhile is the resumed instance's to write again), split into those
+Feishu accepted and those it refused (a CardKit write below the taker's sequence).
 
 (c) The cost of cluster mode: one instance with FP_REDIS_URL against one without (single mode), the
 same load, CPU s per 1 000 events (``--cost-only`` runs only this part; ``--no-cost`` skips it).
@@ -26,6 +30,7 @@ import asyncio
 import collections
 import math
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -83,6 +88,8 @@ class RunResult:
     finals_pct: float = math.nan
     takeover_max: float = math.nan
     takeover_median: float = math.nan
+    stale_writes: float = math.nan  # --pause: the resumed instance's writes to cards taken from it
+    stale_refused: float = math.nan  # ... that Feishu refused (a CardKit sequence below the taker's)
     refused_batches: int = 0  # 503s answered (then retried) and other failures
     notes: list[str] = field(default_factory=list)
 
@@ -184,6 +191,8 @@ class RunConfig:
     kill: bool
     mysql_url: str
     redis_url: str
+    pause: float = 0.0  # > 0: SIGSTOP the victim this long instead of killing it
+    logs: Path | None = None
 
 
 async def one_run(config: RunConfig) -> RunResult:
@@ -196,6 +205,14 @@ async def one_run(config: RunConfig) -> RunResult:
         async with Cluster(Path(tmp), seed=config.seed) as cluster:
             await cluster.start(config.instances, ClusterOptions(database_url, redis_url))
             await _measure(cluster, config, result)
+        if config.logs is not None:  # each process's output, to see where a run's time went
+            kept = (
+                config.logs
+                / f"{config.instances}-{'cluster' if config.cluster_mode else 'single'}-{config.seed}"
+            )
+            kept.mkdir(parents=True, exist_ok=True)
+            for output in Path(tmp).glob("*.log"):
+                shutil.copy(output, kept / output.name)
     return result
 
 
@@ -228,13 +245,18 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
     stop = asyncio.Event()
     window_start = time.monotonic()
     loops = [asyncio.create_task(runtime.stream(sid, s, config.flush, stop)) for sid, s in streams.items()]
-    killed_at = victim = None
+    killed_at = victim = resumed_at = None
     if config.kill and config.instances > 1:
         await asyncio.sleep(config.seconds / 2)
         victim_index = config.instances - 1
         victim = cluster.instances[victim_index].instance_id
-        cpu_after[victim_index] = cpu_seconds(pids[victim_index])
-        killed_at = await cluster.kill9(victim_index)
+        if config.pause > 0:
+            killed_at = cluster.sigstop(victim_index)
+            await asyncio.sleep(config.pause)
+            resumed_at = cluster.sigcont(victim_index)
+        else:
+            cpu_after[victim_index] = cpu_seconds(pids[victim_index])
+            killed_at = await cluster.kill9(victim_index)
         await asyncio.sleep(config.seconds - (time.monotonic() - window_start))
     else:
         await asyncio.sleep(config.seconds)
@@ -272,9 +294,33 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
         print(f"rate-limit answers ({marks}):", *answers[:20], sep="\n  ", flush=True)
     _delivery(result, messages, window_start, window_end)
     if killed_at is not None and victim is not None:
-        waits = list(takeover_seconds(messages, victim, killed_at).values())
+        taken = takeover_seconds(messages, victim, killed_at)
+        waits = list(taken.values())
         result.takeover_max = max(waits, default=math.nan)
         result.takeover_median = statistics.median(waits) if waits else math.nan
+        if resumed_at is not None:
+            stale = stale_writes(messages, victim, killed_at, resumed_at)
+            result.stale_writes = sum(1 for update in stale if update.get("code") == 0)
+            result.stale_refused = len(stale) - result.stale_writes
+
+
+def stale_writes(
+    messages: list[dict[str, Any]], victim: str, stopped: float, resumed: float
+) -> list[dict[str, Any]]:
+    """Updates the paused ``victim`` sent after it resumed to a card another instance had written since
+    the pause (it had been taken: nobody died meanwhile, so it cannot be the victim's again). A card
+    nobody took while it was paused is the victim's to write again, not a stale write."""
+    stale = []
+    for message in messages:
+        others = [
+            u["arrived"]
+            for u in message["updates"]
+            if u["arrived"] >= stopped and u.get("instance") != victim
+        ]
+        if others:
+            since = max(resumed, min(others))
+            stale += [u for u in message["updates"] if u.get("instance") == victim and u["arrived"] >= since]
+    return stale
 
 
 async def _wait_for_finals(cluster: Cluster, ours: set[str], tasks: int) -> dict[str, Any]:
@@ -309,8 +355,10 @@ ROWS: list[tuple[str, str, str]] = [
     ("Jain's index of updates per card", "jain", "{:.3f}"),
     ("rate-limit answers", "rate_limit_answers", "{:.0f}"),
     ("final states delivered", "finals_pct", "{:.1f} %"),
-    ("takeover after kill -9, worst card (s)", "takeover_max", "{:.1f}"),
-    ("takeover after kill -9, median card (s)", "takeover_median", "{:.1f}"),
+    ("takeover after kill -9 (--pause: SIGSTOP), worst card (s)", "takeover_max", "{:.1f}"),
+    ("takeover after kill -9 (--pause: SIGSTOP), median card (s)", "takeover_median", "{:.1f}"),
+    ("--pause: writes to taken cards after the resume, accepted", "stale_writes", "{:.0f}"),
+    ("--pause: the same, refused by Feishu (stale CardKit sequence)", "stale_refused", "{:.0f}"),
     ("event batches answered 503 / failed (retried)", "refused_batches", "{:.0f}"),
 ]
 
@@ -345,9 +393,13 @@ def main() -> None:
     parser.add_argument("--mysql-url", default=DEFAULT_MYSQL_URL)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--no-kill", action="store_true", help="no kill -9 (no takeover figure)")
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="SIGSTOP the victim this many seconds instead of kill -9"
+    )
     parser.add_argument("--cost-only", action="store_true", help="only (c): 1 instance, cluster vs single")
     parser.add_argument("--no-cost", action="store_true", help="skip (c)")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
+    parser.add_argument("--logs", type=Path, help="keep every process's output under this directory")
     args = parser.parse_args()
     counts = [] if args.cost_only else [int(x) for x in args.instances.split(",") if x.strip()]
 
@@ -362,6 +414,8 @@ def main() -> None:
             kill=not args.no_kill,
             mysql_url=args.mysql_url,
             redis_url=args.redis_url,
+            pause=args.pause,
+            logs=args.logs,
         )
         started = time.monotonic()
         result = asyncio.run(one_run(config))
@@ -371,7 +425,9 @@ def main() -> None:
             f"{result.cpu_per_1k:.3f} CPU s/1k, budget {result.budget_use_pct:.1f} %, "
             f"Jain {result.jain:.3f}, "
             f"rate-limited {result.rate_limit_answers}, finals {result.finals_pct:.1f} %, takeover "
-            f"{result.takeover_max:.1f}/{result.takeover_median:.1f} s, refused {result.refused_batches} "
+            f"{result.takeover_max:.1f}/{result.takeover_median:.1f} s, "
+            f"stale {result.stale_writes:.0f} (+{result.stale_refused:.0f} refused), "
+            f"refused {result.refused_batches} "
             f"[{time.monotonic() - started:.0f} s] {'; '.join(result.notes)}",
             flush=True,
         )
@@ -390,7 +446,9 @@ def main() -> None:
             f"## Cluster: 1–{max(counts)} instances on one MariaDB + one Redis (`bench/cluster_load.py`)\n\n"
             f"{args.tasks} live cards streaming bench/workload.py events for {args.seconds:g} s (real time), "
             f"batched every {args.flush_ms:g} ms, each batch to a random instance; sandbox limits 50/s and "
-            "1 000/min per app. With 2+ instances the last one is killed (SIGKILL) halfway through. "
+            "1 000/min per app. With 2+ instances the last one is "
+            + (f"paused (SIGSTOP) for {args.pause:g} s" if args.pause else "killed (SIGKILL)")
+            + " halfway through. "
             f"Medians of {args.runs} run(s), min–max in brackets. The instances, MariaDB, Redis, the sandbox "
             "and the load generator share the machine's 2 cores.\n\n" + READING
         )

@@ -1,4 +1,4 @@
-"""Issue 26 items 4 and 5: do large event batches or image uploads starve card clicks?
+"""Issue 26 items 4 and 5: do large event batches or image uploads starve card clicks or images?
 
 One ``feishu-progress serve`` process (sandbox mode, SQLite, its own callback keys so this script can
 sign clicks) and this script as the client, in another process. A signed click (dislike, toggled) is
@@ -6,9 +6,15 @@ sent every 100 ms to one task while ``--flood`` concurrent senders post the larg
 API takes (``--batch-mb``) to other tasks, or upload ``--image-mb`` images. Prints the clicks' latency
 (p50, p99, max, how many missed Feishu's 3 s) and the server's peak RSS.
 
+``--urls N``: one task's image tool results name N image URLs on a local server that never sends a
+byte; then another task's result names a local image (and a third task's a URL that answers at once).
+Prints how long each of those two waited for its image key, and how long the slow task's images took
+to give up. One round per ``--rounds``, each with fresh tasks.
+
     python -m bench.poc_isolation --flood 30 --batch-mb 7.5 --seconds 20
     python -m bench.poc_isolation --flood 0 --seconds 10             # the baseline
     python -m bench.poc_isolation --flood 150 --uploads --seconds 15 # item 5: uploads in flight
+    python -m bench.poc_isolation --urls 18 --rounds 3               # item 5: slow image URLs
 """
 
 from __future__ import annotations
@@ -27,17 +33,23 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 
 TOKEN, KEY, VTOKEN = "poc-token", "poc-encrypt-key", "poc-verification-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TASK = {"receive_id": "oc_poc", "receive_id_type": "chat_id", "requester_open_id": "ou_poc"}
+PNG = b"\x89PNG\r\n\x1a\n" + b"poc-pixels" * 100
 
 
 def start_server(workdir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FP_")}
+    (workdir / "images").mkdir()
+    (workdir / "images" / "local.png").write_bytes(PNG)
     env.update(
+        FP_IMAGES__ROOT=str(workdir / "images"),
+        FP_IMAGES__ALLOWED_NETWORKS="127.0.0.1/32",  # the slow and the fast image server
         FP_DATABASE_URL=f"sqlite+aiosqlite:///{workdir / 'poc.db'}",
         FP_HTTP__PORT=str(port),
         FP_ADMIN__PORT=str(port + 1),
@@ -139,7 +151,7 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         server = start_server(Path(workdir), args.port)
         try:
-            await measure(args, server.pid)
+            await (measure_urls(args) if args.urls else measure(args, server.pid))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
@@ -180,6 +192,103 @@ async def measure(args: argparse.Namespace, pid: int) -> None:
     )
 
 
+# -- --urls: slow image URLs of one task against another task's images ---------------------------------
+
+
+async def image_server(port: int) -> web.AppRunner:
+    """``/never/*`` accepts the request and never answers; ``/fast/*`` answers a PNG at once."""
+    stop = asyncio.Event()
+
+    async def never(request: web.Request) -> web.StreamResponse:
+        await stop.wait()
+        return web.Response(status=503)
+
+    async def fast(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=PNG + request.path.encode(), content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/never/{name}", never)
+    app.router.add_get("/fast/{name}", fast)
+    app.on_shutdown.append(lambda _: _set(stop))
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+def image_events(call_id: str, images: list[dict[str, str]]) -> dict[str, object]:
+    return {
+        "events": [
+            {"type": "tool_started", "call_id": call_id, "name": "generate_image", "args": {"prompt": "p"}},
+            {"type": "tool_finished", "call_id": call_id, "result": {"images": images}},
+        ]
+    }
+
+
+async def post_images(
+    http: aiohttp.ClientSession, base: str, session_id: int, call_id: str, images: list[dict[str, str]]
+) -> None:
+    url = f"{base}/v1/tasks/{session_id}/events"
+    async with http.post(url, json=image_events(call_id, images), headers=AUTH) as answer:
+        assert answer.status == 202, await answer.text()
+
+
+async def seconds_until_settled(
+    http: aiohttp.ClientSession, base: str, session_id: int, started: float, *, keys: int
+) -> float:
+    """Until the card holds ``keys`` image keys and nothing on its way (图片上传中), polled every 50 ms."""
+    while True:
+        async with http.get(f"{base}/v1/tasks/{session_id}", headers=AUTH) as answer:
+            card = json.dumps((await answer.json())["card"], ensure_ascii=False)
+        if card.count('"img_key"') >= keys and "图片上传中" not in card:
+            return time.monotonic() - started
+        await asyncio.sleep(0.05)
+
+
+async def url_round(http: aiohttp.ClientSession, base: str, images: str, n: int, r: int) -> list[float]:
+    slow, local, fast = [await new_task(http, base) for _ in range(3)]
+    slow_started = time.monotonic()
+    for call in range(0, n, 9):  # the card takes 9 images a call
+        urls = [{"image_url": f"{images}/never/{r}-{i}.png"} for i in range(call, min(n, call + 9))]
+        await post_images(http, base, slow[0], f"slow-{call}", urls)
+    await asyncio.sleep(0.2)  # the slow fetches have started
+    started = time.monotonic()
+    # Seed 000: the first item names a string image_url (the backend's own, here relative: not fetched).
+    local_image = {"image_url": "/uploads/local.png", "image_path": "local.png"}
+    await post_images(http, base, local[0], "local", [local_image])
+    await post_images(http, base, fast[0], "fast", [{"image_url": f"{images}/fast/{r}.png"}])
+    waits = await asyncio.gather(
+        seconds_until_settled(http, base, local[0], started, keys=1),
+        seconds_until_settled(http, base, fast[0], started, keys=1),
+        seconds_until_settled(http, base, slow[0], slow_started, keys=0),
+    )
+    return list(waits)
+
+
+async def measure_urls(args: argparse.Namespace) -> None:
+    base = f"http://127.0.0.1:{args.port}"
+    images = await image_server(args.port + 2)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+            await wait_ready(http, base)
+            rounds = [
+                await url_round(http, base, f"http://127.0.0.1:{args.port + 2}", args.urls, r)
+                for r in range(args.rounds)
+            ]
+    finally:
+        await images.cleanup()
+    local, fast, slow = (statistics.median(column) for column in zip(*rounds, strict=True))
+    print(
+        f"urls={args.urls} never answering, medians of {args.rounds}: another task's local image keyed after "
+        f"{local:.2f} s, another task's fast URL after {fast:.2f} s; the slow task's images settled "
+        f"(unreachable) after {slow:.1f} s; rounds {[[round(x, 2) for x in row] for row in rounds]}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,6 +299,8 @@ def main() -> None:
     parser.add_argument("--image-mb", type=float, default=9.5)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--port", type=int, default=18_700)
+    parser.add_argument("--urls", type=int, default=0, help="slow image URLs of one task (item 5)")
+    parser.add_argument("--rounds", type=int, default=3)
     asyncio.run(run(parser.parse_args()))
 
 

@@ -142,8 +142,9 @@ def create_app(
     def started() -> Services:
         return app[SERVICES]  # requests are served only once the app has started
 
-    _add_callback_routes(app, setup, started)
+    # One gate: large runtime bodies go one at a time, and wait while a click is answered.
     gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
+    _add_callback_routes(app, setup, started, gate)
     app.router.add_routes(RuntimeApi(lambda: started().service, gate).routes())
     app.router.add_routes(openapi_routes())
     if _clustered(settings):
@@ -164,7 +165,9 @@ def create_app(
     return app
 
 
-def _add_callback_routes(app: web.Application, setup: Setup, started: Callable[[], Services]) -> None:
+def _add_callback_routes(
+    app: web.Application, setup: Setup, started: Callable[[], Services], gate: HeavyGate
+) -> None:
     # An app in ws mode has no route: its clicks arrive over the long connection only.
     webhook_apps = [(spec.name, spec.feishu) for spec in setup.app_specs if spec.feishu.mode == "webhook"]
     if not webhook_apps:
@@ -177,6 +180,7 @@ def _add_callback_routes(app: web.Application, setup: Setup, started: Callable[[
             observe=setup.metrics.callback_latency.observe,
             apps=webhook_apps,
             default_app=default_app_name([spec.name for spec in setup.app_specs]),
+            priority=gate,
         )
     )
 

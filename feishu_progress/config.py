@@ -238,9 +238,19 @@ class ImagesSettings(BaseModel):
     # Private networks image_url may reach anyway (an internal CDN), e.g. 10.20.0.0/16,fd00:1::/64.
     allowed_networks: Annotated[tuple[IPvAnyNetwork, ...], NoDecode] = ()
     fetch_timeout_seconds: float = Field(default=10.0, gt=0)
+    # An image_url server that has not sent its response head this long after the request is given up
+    # on, and so is one whose body comes slower than this on average (after its first 2 s): a slow
+    # server frees its fetch slot in seconds, not at fetch_timeout_seconds.
+    fetch_first_byte_seconds: float = Field(default=5.0, gt=0)
+    fetch_min_bytes_per_second: int = Field(default=16 * 1024, ge=1)
+    # image_url fetches have slots of their own (not the upload slots local images use), and one task
+    # holds at most fetch_per_task of them: its slow URLs cannot queue another task's images.
+    fetch_concurrency: int = Field(default=8, ge=1, le=64)
+    fetch_per_task: int = Field(default=2, ge=1, le=64)
     max_redirects: int = Field(default=3, ge=0, le=10)
     max_bytes: int = Field(default=MAX_IMAGE_BYTES, ge=1, le=MAX_IMAGE_BYTES)
-    # At most this many images are read/fetched and uploaded at once: it bounds the bodies in memory.
+    # At most this many images are read and uploaded at once (a fetched image_url takes one of these
+    # once fetched, for its upload): with fetch_concurrency it bounds the bodies in memory.
     concurrency: int = Field(default=4, ge=1, le=64)
     max_per_call: int = Field(default=9, ge=0, le=9)  # the card shows at most 9 per call
     max_per_task: int = Field(default=50, ge=0)

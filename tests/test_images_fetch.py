@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import ipaddress
 import socket
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -206,6 +207,28 @@ async def _slow(request: web.Request, state: ImageServer) -> web.StreamResponse:
     return web.Response(body=PNG)
 
 
+async def _trickle(request: web.Request, state: ImageServer) -> web.StreamResponse:
+    """The head at once, then a byte every 20 ms (50 B/s) until the test ends."""
+    response = web.StreamResponse(headers={"Content-Type": "image/png"})
+    await response.prepare(request)
+    await response.write(PNG[:8])
+    while not state.release.is_set():
+        await response.write(b"x")
+        await asyncio.sleep(0.02)
+    return response
+
+
+async def _dribble(request: web.Request, state: ImageServer) -> web.StreamResponse:
+    """A whole image in 20 writes 20 ms apart (~850 B/s): slow, but steady."""
+    response = web.StreamResponse(headers={"Content-Type": "image/png"})
+    await response.prepare(request)
+    for _ in range(20):
+        await response.write(PNG[:16])
+        await asyncio.sleep(0.02)
+    await response.write_eof()
+    return response
+
+
 ROUTES: dict[str, Any] = {
     "/cat.png": _cat,
     "/big": _big,
@@ -216,6 +239,8 @@ ROUTES: dict[str, Any] = {
     "/loop": _loop,
     "/missing": _missing,
     "/slow": _slow,
+    "/trickle": _trickle,
+    "/dribble": _dribble,
 }
 
 
@@ -252,9 +277,9 @@ DNS = {
 }
 
 
-async def open_fetcher(dns: FakeDns | None = None, **settings: Any) -> ImageFetcher:
+async def open_fetcher(dns: FakeDns | None = None, rate_grace: float = 2.0, **settings: Any) -> ImageFetcher:
     settings.setdefault("max_bytes", LIMIT + len(PNG) // 2)
-    fetcher = ImageFetcher(ImagesSettings(**settings), lookup=dns or FakeDns(DNS))
+    fetcher = ImageFetcher(ImagesSettings(**settings), lookup=dns or FakeDns(DNS), rate_grace=rate_grace)
     await fetcher.open()
     return fetcher
 
@@ -411,6 +436,45 @@ async def test_a_slow_server_times_out(images_server: ImageServer) -> None:
     fetcher = await open_fetcher(allowed_networks=LOOPBACK_ONLY, fetch_timeout_seconds=0.05)
     try:
         assert await refused(fetcher, images_server.url("/slow")) == "timeout"
+    finally:
+        await fetcher.close()
+
+
+async def test_a_server_that_sends_no_head_is_given_up_on_at_the_first_byte_timeout(
+    images_server: ImageServer,
+) -> None:
+    fetcher = await open_fetcher(
+        allowed_networks=LOOPBACK_ONLY, fetch_first_byte_seconds=0.1, fetch_timeout_seconds=30
+    )
+    try:
+        started = time.monotonic()
+        assert await refused(fetcher, images_server.url("/slow")) == "first_byte_timeout"
+        assert time.monotonic() - started < 10, "waited for the total timeout, not the first byte"
+    finally:
+        await fetcher.close()
+
+
+async def test_a_body_below_the_minimum_rate_is_given_up_on(images_server: ImageServer) -> None:
+    fetcher = await open_fetcher(
+        rate_grace=0.1,
+        allowed_networks=LOOPBACK_ONLY,
+        fetch_min_bytes_per_second=1000,  # the server trickles 50 B/s
+        fetch_timeout_seconds=30,
+    )
+    try:
+        started = time.monotonic()
+        assert await refused(fetcher, images_server.url("/trickle")) == "too_slow"
+        assert time.monotonic() - started < 10, "waited for the total timeout, not the rate"
+    finally:
+        await fetcher.close()
+
+
+async def test_a_body_above_the_minimum_rate_is_fetched(images_server: ImageServer) -> None:
+    fetcher = await open_fetcher(
+        rate_grace=0.1, allowed_networks=LOOPBACK_ONLY, fetch_min_bytes_per_second=100
+    )
+    try:
+        assert await fetcher.fetch(images_server.url("/dribble")) == PNG[:16] * 20
     finally:
         await fetcher.close()
 

@@ -11,12 +11,16 @@ import asyncio
 import io
 import json
 import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import SERVICES, create_app
@@ -35,6 +39,9 @@ from feishu_progress.runtime.state import MAX_IMAGE_KEYS
 from feishu_progress.sandbox import preview
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.web import load
+from feishu_progress.web.http import HttpError, parse_json
+from feishu_progress.web.load import HeavyGate
 
 TOKEN = "load-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -85,6 +92,51 @@ async def test_large_batches_wait_their_turn_and_small_ones_do_not(
     await asyncio.sleep(0.1)  # the abandoned body gives its slot back
     again = await client.post(path, data=LARGE, headers=AUTH | {"Content-Type": "application/json"})
     assert again.status == 202
+
+
+async def test_while_a_click_is_answered_a_large_body_waits_at_its_next_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = HeavyGate()
+    with gate.urgent():
+        step = asyncio.create_task(gate.give_way())
+        await asyncio.sleep(0.05)
+        assert not step.done(), "the large body went on while the click was answered"
+    await asyncio.wait_for(step, 1)
+    monkeypatch.setattr(load, "GIVE_WAY_SECONDS", 0.05)
+    with gate.urgent():  # a click that takes long slows a large body down, it never stops it
+        await asyncio.wait_for(gate.give_way(), 1)
+    await asyncio.wait_for(gate.give_way(), 1)  # no click: at once
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"events": [{"type": "content", "text": "\\ud83d\\ude00 ok"}]}',
+        b'{"a": 1e400, "b": -0, "c": 123456789012345678901234567890, "a": 2}',
+        '{"t": "文本"}'.encode("utf-16"),  # not UTF-8: json.loads still takes it
+        b"[" * 100 + b"]" * 100,  # within the parser's own limit, past ours
+        b"[" * 300 + b"]" * 300,  # past the parser's own limit too
+        b'{"t": "\\ud800"}',  # a lone surrogate
+        b'{"t": "x"',
+        b"\xff\xfe\x00",
+    ],
+)
+def test_the_fast_json_parser_answers_as_json_loads_did(raw: bytes) -> None:
+    """parse_json takes pydantic-core's parser first (half the CPU on a large batch): same answers."""
+    try:
+        expected: Any = ("ok", json.loads(raw))
+        if json.dumps(expected[1]).count("[") > 64:
+            expected = ("error", 422)
+        elif "\\ud800" in raw.decode("utf-8", "replace"):
+            expected = ("error", 400)
+    except ValueError:
+        expected = ("error", 400)
+    try:
+        got: Any = ("ok", parse_json(raw))
+    except HttpError as exc:
+        got = ("error", exc.status)
+    assert got == expected
 
 
 # -- item 5: image uploads take their slot before their body, and cost Feishu nothing when refused -------
@@ -153,6 +205,126 @@ async def test_a_full_or_finished_task_refuses_an_image_before_feishu_sees_it(
     late = await client.post(path, data=_form(_png(20_000)), headers=AUTH)
     assert late.status == 409
     assert len(sandbox.state.images) == uploads, "a refused image was uploaded to Feishu"
+
+
+# -- item 5 (tail): image URLs have fetch slots of their own, a fair share per task, and give up early ----
+
+
+@dataclass
+class SlowImages:
+    """``/never/*`` answers nothing till the end; ``/trickle/*`` its head, then 50 B/s; ``/fast/*`` a PNG."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    hits: Counter[str] = field(default_factory=Counter)
+    base: str = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        self.hits[kind] += 1
+        if kind == "fast":
+            return web.Response(body=_png(len(request.path)), content_type="image/png")
+        if kind == "never":
+            await self.release.wait()
+            return web.Response(status=503)
+        response = web.StreamResponse(headers={"Content-Type": "image/png"})
+        await response.prepare(request)
+        await response.write(_png(0)[:8])
+        while not self.release.is_set():
+            await response.write(b"x")
+            await asyncio.sleep(0.02)
+        return response
+
+
+@pytest.fixture
+async def slow_images() -> AsyncIterator[SlowImages]:
+    state = SlowImages()
+    app = web.Application()
+    app.router.add_get("/{kind}/{name}", state.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    state.base = f"http://127.0.0.1:{server.port}"
+    try:
+        yield state
+    finally:
+        state.release.set()
+        await server.close()
+
+
+def _image_settings(tmp_path: Path, **images: Any) -> Settings:
+    root = tmp_path / "images"
+    root.mkdir()
+    (root / "local.png").write_bytes(_png(7))
+    fetch = ImagesSettings(root=root, allowed_networks=("127.0.0.1/32",), **images)
+    return _settings(tmp_path).model_copy(update={"images": fetch})
+
+
+def _image_result(call_id: str, images: list[dict[str, str]]) -> dict[str, Any]:
+    # Seed 000: the first item names a string image_url (a relative one is the backend's own: not fetched).
+    result = {"images": [{"image_url": "/uploads/x.png", **image} for image in images]}
+    return {
+        "events": [
+            {"type": "tool_started", "call_id": call_id, "name": "generate_image", "args": {"prompt": "p"}},
+            {"type": "tool_finished", "call_id": call_id, "result": result},
+        ]
+    }
+
+
+async def _new_task_with_images(client: TestClient[Any, Any], calls: dict[str, list[dict[str, str]]]) -> int:
+    session_id: int = (await (await client.post("/v1/tasks", json=TASK, headers=AUTH)).json())["session_id"]
+    for call_id, images in calls.items():
+        path = f"/v1/tasks/{session_id}/events"
+        answer = await client.post(path, json=_image_result(call_id, images), headers=AUTH)
+        assert answer.status == 202, await answer.text()
+    return session_id
+
+
+async def _card_once(client: TestClient[Any, Any], session_id: int, done: Callable[[str], bool]) -> str:
+    """The task's current card (as JSON text) once ``done`` holds for it; 20 s at most."""
+    async with asyncio.timeout(20):
+        while True:
+            view = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+            card = json.dumps(view["card"], ensure_ascii=False)
+            if done(card):
+                return card
+            await asyncio.sleep(0.05)
+
+
+async def test_one_tasks_slow_urls_do_not_delay_another_tasks_images(
+    tmp_path: Path, aiohttp_client: Any, slow_images: SlowImages
+) -> None:
+    """Issue 26: 18 never-answering URLs of one task delayed another task's local image 39 s."""
+    settings = _image_settings(tmp_path, fetch_first_byte_seconds=60, fetch_per_task=2)
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    never = [{"image_url": f"{slow_images.base}/never/{n}.png"} for n in range(18)]
+    slow = await _new_task_with_images(client, {"slow-1": never[:9], "slow-2": never[9:]})
+    other = await _new_task_with_images(
+        client, {"mine": [{"image_path": "local.png"}, {"image_url": f"{slow_images.base}/fast/b.png"}]}
+    )
+    shown = await _card_once(client, other, lambda card: card.count('"img_key"') == 2)
+    assert "图片上传中" not in shown
+    # Meanwhile the slow task is still waiting, on its share of the fetch slots only.
+    assert "图片上传中" in await _card_once(client, slow, lambda card: True)
+    assert slow_images.hits["never"] == 2
+
+
+async def test_a_url_that_stalls_or_trickles_gives_up_and_the_card_says_unreachable(
+    tmp_path: Path, aiohttp_client: Any, slow_images: SlowImages, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _image_settings(
+        tmp_path, fetch_first_byte_seconds=0.3, fetch_min_bytes_per_second=1000, fetch_timeout_seconds=60
+    )
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
+    images = [
+        {"image_url": f"{slow_images.base}/never/stalled.png"},
+        {"image_url": f"{slow_images.base}/trickle/trickled.png"},
+    ]
+    started = time.monotonic()
+    session_id = await _new_task_with_images(client, {"slow": images})
+    card = await _card_once(client, session_id, lambda card: "图片上传中" not in card)
+    assert time.monotonic() - started < 30, "the fetches ran to the total timeout"
+    assert "图片不可达 · stalled.png" in card and "图片不可达 · trickled.png" in card
+    reasons = {record.__dict__.get("reason") for record in caplog.records}
+    assert {"first_byte_timeout", "too_slow"} <= reasons, reasons
 
 
 # -- item 7: caps with a clear answer --------------------------------------------------------------------

@@ -11,11 +11,14 @@ covered by the new owner, which waits ``write_timeout`` before its first write t
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, event, select, text, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from feishu_progress.config import ClusterSettings
 from feishu_progress.db.engine import Database
@@ -27,6 +30,33 @@ log = logging.getLogger(__name__)
 
 # How much earlier than the lease this instance stops starting writes.
 SAFETY_MARGIN_SECONDS = 0.5
+
+
+def end_stalled_transactions(db: Database, seconds: float) -> None:
+    """MariaDB: a transaction of ours left idle for ``seconds`` is ended by the server (rolled back).
+
+    A paused instance (SIGSTOP, a frozen VM) keeps its connections open, and a transaction it had begun
+    (a snapshot save) keeps its rows of ``task_card`` locked for as long as the pause lasts: the others
+    could neither take those cards nor log batches for them. With the lease as the limit, the locks go
+    when the lease does; our transactions never idle that long otherwise. MySQL has no such setting
+    (there a paused instance's locked cards are taken once it resumes or its connection drops).
+    """
+    dialect = db.engine.dialect
+
+    def on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+        if "idle_write_transaction_timeout" in record.info:
+            return
+        if not getattr(dialect, "is_mariadb", False):  # known once the first connection was made
+            record.info["idle_write_transaction_timeout"] = None
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"SET SESSION idle_write_transaction_timeout = {math.ceil(seconds)}")
+        finally:
+            cursor.close()
+        record.info["idle_write_transaction_timeout"] = seconds
+
+    event.listen(db.engine.sync_engine, "checkout", on_checkout)
 
 
 def _db_now_plus(seconds: float) -> object:
@@ -43,16 +73,27 @@ class Peer:
 
 class LeaseKeeper:
     def __init__(
-        self, db: Database, instance_id: str, address: str, settings: ClusterSettings, clock: Clock
+        self,
+        db: Database,
+        instance_id: str,
+        address: str,
+        settings: ClusterSettings,
+        clock: Clock,
+        *,
+        heartbeat_db: Database | None = None,
     ) -> None:
         self._db = db
+        # Heartbeats on connections of their own (``heartbeat_db``): behind a busy shared pool (a takeover
+        # loading cards, a flood of batches) a renewal waited seconds for a connection and the lease of
+        # a live instance ran out, which handed its cards to the others for nothing.
+        self._heartbeat_db = heartbeat_db or db
         self.instance_id = instance_id
         self.address = address
         self._settings = settings
         self._clock = clock
         self._deadline = -1.0
         self._renewed_deadline = -1.0  # a renewal's deadline held back after a lapse (``renew``)
-        self._live = 1
+        self.live_ids: frozenset[str] = frozenset({instance_id})  # live leases at the last heartbeat
         self.lost = 0  # how many times this instance found its lease gone (paused, partitioned)
 
     def can_write(self) -> bool:
@@ -65,7 +106,7 @@ class LeaseKeeper:
 
     def live_instances(self) -> int:
         """Instances with a live lease at the last heartbeat (at least this one)."""
-        return max(1, self._live)
+        return max(1, len(self.live_ids))
 
     async def acquire(self) -> None:
         """Create (or take back, after a restart with the same id) this instance's lease row."""
@@ -86,7 +127,7 @@ class LeaseKeeper:
             expires_at=statement.inserted.expires_at,
             draining=False,
         )
-        async with self._db.engine.begin() as connection:
+        async with self._heartbeat_db.engine.begin() as connection:
             await connection.execute(statement)
         self._deadline = sent + lease - SAFETY_MARGIN_SECONDS
         await self._count_live()
@@ -100,7 +141,7 @@ class LeaseKeeper:
         sent = self._clock.monotonic()
         was_valid = self.can_write()
         lease = self._settings.lease_seconds
-        async with self._db.engine.begin() as connection:
+        async with self._heartbeat_db.engine.begin() as connection:
             result = await connection.execute(
                 update(InstanceLease)
                 .where(InstanceLease.instance_id == self.instance_id)
@@ -122,11 +163,11 @@ class LeaseKeeper:
         self._deadline = max(self._deadline, self._renewed_deadline)
 
     async def _count_live(self) -> None:
-        async with self._db.engine.connect() as connection:
-            live = await connection.scalar(
-                select(func.count()).where(InstanceLease.expires_at > text("UTC_TIMESTAMP(6)"))
+        async with self._heartbeat_db.engine.connect() as connection:
+            live = await connection.scalars(
+                select(InstanceLease.instance_id).where(InstanceLease.expires_at > text("UTC_TIMESTAMP(6)"))
             )
-        self._live = int(live or 1)
+            self.live_ids = frozenset(live) | {self.instance_id}
 
     async def run(self, stopper: Stopper, on_lost: Callable[[], Awaitable[None]]) -> None:
         """Heartbeat until stopped; ``on_lost`` when a renewal finds the local deadline had passed."""
@@ -148,7 +189,7 @@ class LeaseKeeper:
     async def drain(self) -> None:
         """Graceful stop: tell the others at once (they take over without waiting for expiry)."""
         self._deadline = -1.0
-        async with self._db.engine.begin() as connection:
+        async with self._heartbeat_db.engine.begin() as connection:
             await connection.execute(
                 update(InstanceLease)
                 .where(InstanceLease.instance_id == self.instance_id)

@@ -1,7 +1,9 @@
 """Who writes which card (cluster mode): ``task_card.owner_instance`` and its fencing epoch ``fence``.
 
-Taking a card is a compare-and-set on (owner, fence): of two instances that race for an orphan, one
-UPDATE matches and the other's matches nothing, so a card has one writer without holding row locks.
+Taking a card is a compare-and-set on (owner, fence) under a locking read that skips locked rows: of
+two instances that race for an orphan, one locks and moves it, and the other skips it or, once the
+first committed, no longer finds it as it saw it — so a card has one writer, and a row held by a
+paused instance's open transaction is passed over rather than waited for.
 Every take bumps ``fence``; every save of the card's state is conditioned on this instance still being
 its owner (runtime/snapshots.py), so an instance that lost a card can no longer overwrite it.
 
@@ -17,13 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, literal_column, or_, select, text, update
+from sqlalchemy import ColumnElement, and_, func, literal_column, or_, select, text, tuple_, update
 
 from feishu_progress.db.engine import Database
 from feishu_progress.db.models import InstanceLease, TaskCard
 from feishu_progress.db.repo import UNFINISHED_STATUSES
 
-ORPHANS_PER_SCAN = 50
+# A dead instance's cards are usually found in one scan (a scan lists at most this many).
+ORPHANS_PER_SCAN = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,22 +111,35 @@ class OwnershipRepository:
             rows = (await connection.execute(statement)).all()
         return [Ownership(int(sid), self.me, int(fence), True) for sid, fence in rows]
 
-    async def take(self, seen: Ownership) -> Taken | None:
-        """Become the owner if nobody changed it since ``seen``; the new fence, or None (lost the race)."""
+    async def take_many(self, seen: Sequence[Ownership]) -> list[Taken]:
+        """Become the owner of the cards of ``seen`` still as seen (owner and fence unchanged) and not
+        locked right now, in one transaction; each take bumps the fence. The cards taken.
+
+        A row another transaction holds is skipped (``SKIP LOCKED``), not waited for: a paused instance
+        may hold the lock of a card it was saving, and waiting for it (up to the server's lock wait)
+        would hold up every other card of the batch. A skipped card is tried again at the next scan.
+        """
+        if not seen:
+            return []
+        by_id = {card.session_id: card for card in seen}
         async with self._db.engine.begin() as connection:
-            result = await connection.execute(
-                update(TaskCard)
-                .where(
-                    TaskCard.session_id == seen.session_id,
-                    TaskCard.fence == seen.fence,
-                    TaskCard.owner_instance.is_(None)
-                    if seen.owner is None
-                    else TaskCard.owner_instance == seen.owner,
+            free = (
+                await connection.execute(
+                    select(TaskCard.session_id)
+                    .where(TaskCard.session_id.in_(list(by_id)), _as_seen(seen))
+                    .with_for_update(skip_locked=True)
                 )
-                .values(owner_instance=self.me, fence=TaskCard.fence + 1)
-            )
-        if result.rowcount != 1:
-            return None
+            ).scalars()
+            ids = list(free)
+            if ids:
+                await connection.execute(
+                    update(TaskCard)
+                    .where(TaskCard.session_id.in_(ids))
+                    .values(owner_instance=self.me, fence=TaskCard.fence + 1)
+                )
+        return [self._taken(by_id[session_id]) for session_id in ids]
+
+    def _taken(self, seen: Ownership) -> Taken:
         dead_owner = seen.owner is not None and seen.owner != self.me
         return Taken(seen.session_id, seen.fence + 1, dead_owner, seen.expired_for if dead_owner else 0.0)
 
@@ -137,6 +153,20 @@ class OwnershipRepository:
                 .where(TaskCard.session_id.in_(list(session_ids)), TaskCard.owner_instance == self.me)
                 .values(owner_instance=None)
             )
+
+
+def _as_seen(seen: Sequence[Ownership]) -> ColumnElement[bool]:
+    """Rows whose owner and fence are still what ``seen`` says (a row per card, as ``take`` checks)."""
+    owned = [(card.session_id, card.owner, card.fence) for card in seen if card.owner is not None]
+    released = [(card.session_id, card.fence) for card in seen if card.owner is None]
+    conditions: list[ColumnElement[bool]] = []
+    if owned:
+        conditions.append(tuple_(TaskCard.session_id, TaskCard.owner_instance, TaskCard.fence).in_(owned))
+    if released:
+        conditions.append(
+            and_(TaskCard.owner_instance.is_(None), tuple_(TaskCard.session_id, TaskCard.fence).in_(released))
+        )
+    return or_(*conditions)
 
 
 def _seconds(microseconds: Any) -> float:

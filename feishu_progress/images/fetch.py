@@ -7,6 +7,12 @@ second DNS answer (rebinding) can never be what we connect to. "Public" excludes
 link-local (with the cloud metadata address), multicast, reserved, unspecified, CGNAT and the IPv6
 forms that embed such an IPv4 address; an operator may open specific networks (an internal CDN) or all
 of them. Bodies are never decompressed, capped while streaming, and must sniff as an image.
+
+A server that is merely slow is given up on early, so it cannot hold a fetch slot for the whole
+``fetch_timeout_seconds``: the response head must arrive within ``fetch_first_byte_seconds`` of each
+request, and the body must keep up ``fetch_min_bytes_per_second`` on average once a short grace has
+passed. Fetches take one of the fetcher's own ``FairSlots`` (``slots``), never an upload slot, so a
+task's slow URLs neither delay another task's local images nor take all the fetches.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from yarl import URL
 
 from feishu_progress.config import ImagesSettings
 from feishu_progress.errors import ImageRefused
+from feishu_progress.images.fair import FairSlots
 from feishu_progress.images.sniff import require_image
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -34,6 +41,9 @@ _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:
 _IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK_BYTES = 64 * 1024
+# The body's first seconds are not held to the minimum rate: a connection's first round trips and TCP's
+# slow start make a fine server look slow for a moment.
+RATE_GRACE_SECONDS = 2.0
 _HEADERS = {"Accept": "image/*", "Accept-Encoding": "identity", "User-Agent": "feishu-progress"}
 
 
@@ -142,10 +152,19 @@ def _family_of(address: IPAddress) -> socket.AddressFamily:
 class ImageFetcher:
     """Downloads image URLs through one shared session; ``open()`` with the app, ``close()`` after."""
 
-    def __init__(self, settings: ImagesSettings, *, lookup: Lookup = system_lookup) -> None:
+    def __init__(
+        self,
+        settings: ImagesSettings,
+        *,
+        lookup: Lookup = system_lookup,
+        rate_grace: float = RATE_GRACE_SECONDS,
+    ) -> None:
         self.settings = settings
+        self.rate_grace = rate_grace
         self.policy = AddressPolicy.from_settings(settings)
         self.lookup = lookup
+        # Taken by the caller around a fetch (and handed over to an upload slot): per task, fairly.
+        self.slots = FairSlots(settings.fetch_concurrency, settings.fetch_per_task)
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
@@ -154,7 +173,7 @@ class ImageFetcher:
             resolver=VettingResolver(self.policy, self.lookup),
             use_dns_cache=False,  # every new connection is resolved, and vetted, afresh
             family=socket.AF_UNSPEC,
-            limit=self.settings.concurrency,
+            limit=self.settings.fetch_concurrency,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -186,13 +205,21 @@ class ImageFetcher:
     async def _follow(self, session: aiohttp.ClientSession, target: URL) -> bytes:
         for _ in range(self.settings.max_redirects + 1):
             self._check_literal(target)
-            async with session.get(target, allow_redirects=False, headers=_HEADERS) as response:
-                if response.status in _REDIRECTS:
-                    target = _redirect_target(target, response)
-                    continue
-                if response.status != 200:
-                    raise ImageRefused("http_status")
-                return await read_capped(response, self.settings.max_bytes)
+            head = asyncio.timeout(self.settings.fetch_first_byte_seconds)
+            try:
+                async with head, session.get(target, allow_redirects=False, headers=_HEADERS) as response:
+                    head.reschedule(None)  # the head is in: from here the body is held to the rate
+                    if response.status in _REDIRECTS:
+                        target = _redirect_target(target, response)
+                        continue
+                    if response.status != 200:
+                        raise ImageRefused("http_status")
+                    rate = self.settings.fetch_min_bytes_per_second
+                    return await read_capped(response, self.settings.max_bytes, rate, self.rate_grace)
+            except TimeoutError:
+                if head.expired():
+                    raise ImageRefused("first_byte_timeout") from None
+                raise
         raise ImageRefused("too_many_redirects")
 
     def _check_literal(self, target: URL) -> None:
@@ -228,13 +255,25 @@ def _redirect_target(current: URL, response: aiohttp.ClientResponse) -> URL:
     return checked_url(location, base=current)
 
 
-async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    """The body, refused as soon as it is known to exceed ``max_bytes`` (header first, then counted)."""
+async def read_capped(
+    response: aiohttp.ClientResponse, max_bytes: int, min_rate: float, grace: float = RATE_GRACE_SECONDS
+) -> bytes:
+    """The body, refused as soon as it is known to exceed ``max_bytes`` (header first, then counted)
+    or to come slower than ``min_rate`` bytes a second on average (after its first ``grace`` seconds)."""
     if response.content_length is not None and response.content_length > max_bytes:
         raise ImageRefused("too_large")
     chunks: list[bytes] = []
     total = 0
-    async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+    started = asyncio.get_running_loop().time()
+    while True:
+        try:
+            # The moment the average would fall below the rate if nothing more came.
+            async with asyncio.timeout_at(started + grace + total / min_rate):
+                chunk = await response.content.read(_CHUNK_BYTES)
+        except TimeoutError:
+            raise ImageRefused("too_slow") from None
+        if not chunk:
+            break
         total += len(chunk)
         if total > max_bytes:
             raise ImageRefused("too_large")

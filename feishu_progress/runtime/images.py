@@ -3,7 +3,8 @@
 A Feishu card cannot show an image by URL, only by an uploaded ``image_key``. When a generate_image or
 edit_image call finishes, each image it names is loaded and uploaded in the background; the card
 updates when the keys arrive. An item's sources are tried in order: its ``image_path`` (only beneath
-FP_IMAGES__ROOT), then its http(s) ``image_url`` (SSRF-guarded). ``fpimg:<ref>`` sources were handed
+FP_IMAGES__ROOT), then its http(s) ``image_url`` (SSRF-guarded; fetched under one of the fetcher's own
+slots, shared fairly between tasks, then uploaded under an upload slot). ``fpimg:<ref>`` sources were handed
 over through the runtime API and are resolved there, not here. Each source is tried at most once per
 task, at most ``max_per_call`` items per call and ``max_per_task`` per task are loaded; an image that
 cannot be loaded or uploaded simply gets no key, and its path or URL never reaches a log line.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -23,7 +24,7 @@ from feishu_progress.config import ImagesSettings
 from feishu_progress.domain import ToolCall
 from feishu_progress.errors import ImageRefused
 from feishu_progress.images import ImageClient, ImageFetcher, ImageUploads, LocalImages
-from feishu_progress.images.uploads import Load, UploadBudget
+from feishu_progress.images.uploads import UploadBudget
 from feishu_progress.tools.specs import IMAGE_TOOLS
 from feishu_progress.tools.view_models import ImageItem
 from feishu_progress.tools.view_parsers import parse_image_gen
@@ -123,7 +124,8 @@ class ImageKeys:
         if not plans:
             return frozenset()
         context = {"session_id": task_id, "call_id": call.call_id}
-        work = self._upload_all(plans, ready, context, settled)
+        owner = task_id if task_id is not None else call.call_id  # whose share of the fetch slots
+        work = self._upload_all(plans, ready, _Context(owner, context), settled)
         self.background.spawn(work, name=f"images-{call.call_id}")
         return frozenset(source.text for sources in plans for source in sources)
 
@@ -150,7 +152,7 @@ class ImageKeys:
         self,
         plans: list[list[ImageSource]],
         ready: Callable[[dict[str, str]], Awaitable[None]],
-        context: Mapping[str, object],
+        context: _Context,
         settled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         try:
@@ -163,19 +165,19 @@ class ImageKeys:
             if settled is not None:
                 await settled()
 
-    async def _first_key(
-        self, sources: list[ImageSource], context: Mapping[str, object]
-    ) -> tuple[str, str] | None:
+    async def _first_key(self, sources: list[ImageSource], context: _Context) -> tuple[str, str] | None:
         for source in sources:
             image_key = await self._key_for(source, context)
             if image_key is not None:
                 return source.text, image_key
         return None
 
-    async def _key_for(self, source: ImageSource, context: Mapping[str, object]) -> str | None:
+    async def _key_for(self, source: ImageSource, context: _Context) -> str | None:
         assert self.uploads is not None
         try:
-            return await self.uploads.upload_from(self._loader(source))
+            if source.kind == "path":
+                return await self.uploads.upload_from(partial(self.local.read, source.text))
+            return await self._fetched_key(source.text, context.owner)
         except Exception as exc:  # the card shows 图片不可达 instead
             # Only the kind of failure: the path or URL would tell a log reader what exists where.
             reason = exc.reason if isinstance(exc, ImageRefused) else type(exc).__name__
@@ -183,17 +185,30 @@ class ImageKeys:
                 "image %s not used: %s",
                 source.kind,
                 reason,
-                extra={**context, "image_source": source.kind, "reason": reason},
+                extra={**context.log, "image_source": source.kind, "reason": reason},
             )
             return None
 
-    def _loader(self, source: ImageSource) -> Load:
-        if source.kind == "path":
-            return partial(self.local.read, source.text)
+    async def _fetched_key(self, url: str, owner: Hashable) -> str:
+        """Fetch under a fetch slot (the task's fair share), then upload under an upload slot.
+
+        The fetch slot is held until an upload slot takes the body over, so the bodies in memory stay
+        bounded by the two gates; a slow server holds only a fetch slot, never one a local image needs.
+        """
+        assert self.uploads is not None
         if self.fetcher is None:
-            return partial(_refuse, "fetch_disabled")
-        return partial(self.fetcher.fetch, source.text)
+            raise ImageRefused("fetch_disabled")
+        async with self.fetcher.slots.hold(owner) as slot:
+            data = await self.fetcher.fetch(url)
+
+            async def handed_over() -> bytes:
+                slot.release()
+                return data
+
+            return await self.uploads.upload_from(handed_over)
 
 
-async def _refuse(reason: str) -> bytes:
-    raise ImageRefused(reason)
+@dataclass(frozen=True, slots=True)
+class _Context:
+    owner: Hashable  # the task (or, without one, the call) whose fair share of fetch slots is used
+    log: Mapping[str, object]

@@ -47,10 +47,16 @@ log = logging.getLogger(__name__)
 class Claim:
     """This instance writes the card now: at ``fence`` when it took the card from another writer (cluster
     mode), or at the fence it saved (None: single mode, where it always wrote it); ``hold`` seconds
-    before its first write."""
+    before its first write.
+
+    ``fence_moved``: the fence was just moved for this instance (a take), so it is a new epoch already. The
+    hold applies to a PATCHed card only: a CardKit card's sequences at the new fence count above every
+    one the old writer could still send, so Feishu refuses a late write of its own accord.
+    """
 
     fence: int | None = None
     hold: float = 0.0
+    fence_moved: bool = False
 
     @property
     def taken(self) -> bool:
@@ -155,7 +161,7 @@ class TaskService:
             return None
         if claim.fence is not None:
             state.hold_at(claim.fence)
-        if not await self.snapshots.new_epoch(state):
+        if not claim.fence_moved and not await self.snapshots.new_epoch(state):
             log.warning("task %s: its card changed hands while it was loaded", session_id)
             return None
         await self._replay_actions(state)
@@ -163,10 +169,10 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
-        if claim.hold > 0:
+        if claim.hold > 0 and state.card_id is None:
             self._scheduler_of(task).hold(task.card, claim.hold)
         # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
-        # awaited: a takeover loads a dead instance's cards one after another, and a batch that
+        # awaited: a takeover loads a dead instance's cards by the dozen, and a batch that
         # arrives first applies them itself before its own.
         self.background.spawn(self._catch_up_events(task), name="catch-up-logged")
         if claim.taken or not state.status.is_terminal:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,25 +75,35 @@ class EventBatchRead:
     digest: str | None  # request_digest of ``raw`` when there is a key (a reused key is refused)
 
 
-async def read_event_batch(request: web.Request) -> EventBatchRead:
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
+
+
+async def read_event_batch(
+    request: web.Request, give_way: Callable[[], Awaitable[None]] = _next_turn
+) -> EventBatchRead:
     """Read, parse and validate the batch of ``POST /v1/tasks/{id}/events``, once per request.
 
     A bad key or batch is a 422 naming the field, a body that is not JSON a 400. Kept on the request:
     cluster mode reads it before forwarding and may still log a batch its handler could not apply. A
-    large body yields to the loop between its steps (each is a long stretch: clicks go in between).
+    large body ``give_way``s between its steps (each is a long stretch: clicks go in between).
     """
     if _READ_BATCH in request:
         return request[_READ_BATCH]
     key = _idempotency_key(request)
     raw = await read_body(request, limit=MAX_EVENT_BODY)
     large = len(raw) > LARGE_BODY_BYTES
+    if large:  # what became ready while the body came in (a click) goes before the parse
+        await give_way()
     payload = parse_json(raw)
     if large:
-        await asyncio.sleep(0)
+        await give_way()
     batch = parse_model(EventBatch, payload)  # EventRejected: a 422 naming the field
-    if large:
-        await asyncio.sleep(0)
-    digest = None if key is None else request_digest(raw)
+    digest = None
+    if key is not None:  # sha256 lets go of the GIL on large inputs: a large body's is hashed off the loop
+        digest = await asyncio.to_thread(request_digest, raw) if large else request_digest(raw)
+    elif large:
+        await give_way()
     request[_READ_BATCH] = read = EventBatchRead(key, raw, payload, batch, digest)
     return read
 
@@ -132,7 +142,9 @@ class RuntimeApi:
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
         async with self._gate.admit(request):
-            read = await read_event_batch(request)
+            read = await read_event_batch(request, self._gate.give_way)
+        if len(read.raw) > LARGE_BODY_BYTES:
+            await self._gate.give_way()  # applying it is one more stretch
         applied = await self.service.apply_events(session_id, read.batch, read.key, read.digest)
         return web.json_response(EventsAccepted(accepted=applied).json_body(), status=202)
 

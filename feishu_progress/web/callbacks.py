@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 from aiohttp import web
 
@@ -28,6 +29,7 @@ from feishu_progress.feishu.callback import CardActionEvent, UrlVerification, pa
 from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.ports import Clock
 from feishu_progress.web.http import HttpError, json_error, read_body
+from feishu_progress.web.load import HeavyGate
 
 CALLBACK_PATH = "/feishu/callback"
 
@@ -55,8 +57,10 @@ class CallbackEndpoint:
         app: str | None = None,
         keys: FeishuSettings | None = None,
         observe: Observe | None = None,
+        priority: HeavyGate | None = None,
     ) -> None:
         self._pipeline = pipeline
+        self._priority = priority  # large bodies wait while a click is answered (web/load.py)
         self._settings = settings
         self._app = app
         self._keys = keys
@@ -67,7 +71,8 @@ class CallbackEndpoint:
         """Answer one callback request; records its latency with ``observe``."""
         started = self._clock.monotonic()
         try:
-            return await self._respond(request)
+            with nullcontext() if self._priority is None else self._priority.urgent():
+                return await self._respond(request)
         except CallbackRejected as rejected:
             log.info("feishu callback (app %s) rejected: %s %r", self._app, rejected.status, rejected.reason)
             return json_error(rejected.status, "callback_rejected", rejected.reason)
@@ -110,16 +115,21 @@ def callback_routes(
     *,
     apps: Sequence[tuple[str, FeishuSettings]] = (),
     default_app: str | None = None,
+    priority: HeavyGate | None = None,
 ) -> list[web.RouteDef]:
     """``POST /feishu/callback/<name>`` per webhook app in ``apps`` and ``/feishu/callback`` for the default.
 
     Without ``apps``: only ``/feishu/callback``, with the keys of ``settings.feishu``.
-    ``observe(seconds)`` receives each request's latency.
+    ``observe(seconds)`` receives each request's latency; while one is answered, large request bodies
+    wait at their next step (``priority``, the runtime API's HeavyGate).
     """
     if not apps:
-        return [web.post(CALLBACK_PATH, CallbackEndpoint(pipeline, settings, clock, observe=observe).handle)]
+        endpoint = CallbackEndpoint(pipeline, settings, clock, observe=observe, priority=priority)
+        return [web.post(CALLBACK_PATH, endpoint.handle)]
     endpoints = {
-        name: CallbackEndpoint(pipeline, settings, clock, app=name, keys=keys, observe=observe)
+        name: CallbackEndpoint(
+            pipeline, settings, clock, app=name, keys=keys, observe=observe, priority=priority
+        )
         for name, keys in apps
     }
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pydantic_core
 from aiohttp import BodyPartReader, web
 from pydantic import SecretStr
 from yarl import URL
@@ -301,22 +302,41 @@ async def read_json(
 
 def parse_json(raw: bytes) -> Any:
     """``raw`` parsed as JSON (400 when it is not; a lone surrogate escape is not text either; 422
-    when it nests deeper than ``MAX_JSON_DEPTH``)."""
+    when it nests deeper than ``MAX_JSON_DEPTH``).
+
+    pydantic-core's parser first: twice as fast as ``json.loads`` on an 8 MB batch (6 vs 12 ms of CPU,
+    a stretch nothing else on the loop can interrupt, so a click waits for it). It takes UTF-8 text
+    without lone surrogates only, and yields what ``json.loads`` would; anything else it refuses goes
+    to ``json.loads``, which parses (another encoding) or says what is wrong.
+    """
+    try:
+        parsed = pydantic_core.from_json(raw, cache_strings="keys")
+    except ValueError:
+        return _parse_json_stdlib(raw)
+    _check_depth(raw, parsed)
+    return parsed
+
+
+def _parse_json_stdlib(raw: bytes) -> Any:
     try:
         parsed = json.loads(raw)
     except RecursionError:
         raise _too_deep() from None
     except ValueError:
         raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
-    # No more brackets than the limit: no walk needed (bytes.count is a fast scan).
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_exceeds(parsed, MAX_JSON_DEPTH):
-        raise _too_deep()
+    _check_depth(raw, parsed)
     if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(parsed):
         # A lone \ud800 parses, but no column or card can hold it: refused here, not at the first save.
         raise HttpError(
             400, "invalid_json", "the body has a lone surrogate escape (\\ud800-\\udfff): not Unicode text"
         )
     return parsed
+
+
+def _check_depth(raw: bytes, parsed: Any) -> None:
+    # No more brackets than the limit: no walk needed (bytes.count is a fast scan).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_exceeds(parsed, MAX_JSON_DEPTH):
+        raise _too_deep()
 
 
 def nesting_exceeds(value: Any, limit: int) -> bool:
