@@ -24,11 +24,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import create_app
+from feishu_progress.app import ADMIN_URL, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.ports import Clock
@@ -43,7 +44,7 @@ Client = TestClient[Any, Any]
 # The app the sandbox plays and the app's keys. Feishu's app ids start "cli_".
 APP_ID, APP_SECRET = "cli_test", "s3cret"
 ENCRYPT_KEY, VERIFICATION_TOKEN = "rigs-encrypt-key", "rigs-verification-token"
-API_TOKEN = "rigs-api-token"
+API_TOKEN, ADMIN_TOKEN = "rigs-api-token", "rigs-admin-token"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 # What most waits in the suite allow: background work over loopback settles well within it.
@@ -209,6 +210,16 @@ async def client(app_settings: Settings, aiohttp_client: Any) -> Client:
     """The app under aiohttp's test client (its runtime API; the admin server runs on its own port)."""
     test_client: Client = await aiohttp_client(create_app(app_settings, registry=CollectorRegistry()))
     return test_client
+
+
+async def readyz(client: Client) -> tuple[int, dict[str, Any]]:
+    """The app's ``/readyz`` (on its admin server): status code and body."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_SECONDS)) as http,
+        http.get(f"{client.app[ADMIN_URL]}/readyz") as response,
+    ):
+        body: dict[str, Any] = await response.json()
+        return response.status, body
 
 
 # --- the Feishu client -----------------------------------------------------------------------------------
