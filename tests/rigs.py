@@ -123,6 +123,15 @@ def _shown(value: object) -> str:
     return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} chars)"
 
 
+async def answers_200(http: aiohttp.ClientSession, url: str) -> bool:
+    """Whether a GET of ``url`` answers 200; False while nothing listens there yet (a starting server)."""
+    try:
+        async with http.get(url) as response:
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
 # --- clock -----------------------------------------------------------------------------------------------
 
 
