@@ -59,33 +59,49 @@ _SHOWN_CHARS = 500  # of the last value, in a timeout's message
 
 @overload
 async def eventually(
-    probe: Callable[[], Awaitable[T]],
-    *,
+    probe: Callable[[], Awaitable[T | None]],
     timeout: float = ...,
-    interval: float = ...,
-    until: Callable[[T], object] = ...,
     what: str | None = ...,
+    *,
+    interval: float = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], T | None], timeout: float = ..., what: str | None = ..., *, interval: float = ...
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    timeout: float = ...,
+    what: str | None = ...,
+    *,
+    interval: float = ...,
+    until: Callable[[T], object],
 ) -> T: ...
 
 
 @overload
 async def eventually(
     probe: Callable[[], T],
-    *,
     timeout: float = ...,
-    interval: float = ...,
-    until: Callable[[T], object] = ...,
     what: str | None = ...,
+    *,
+    interval: float = ...,
+    until: Callable[[T], object],
 ) -> T: ...
 
 
 async def eventually(
     probe: Callable[[], Any],
-    *,
     timeout: float = WAIT_SECONDS,
+    what: str | None = None,
+    *,
     interval: float = POLL_SECONDS,
     until: Callable[[Any], object] = bool,
-    what: str | None = None,
 ) -> Any:
     """Call ``probe`` (plain or async) every ``interval`` s until ``until(value)`` holds; that value.
 
