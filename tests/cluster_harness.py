@@ -28,11 +28,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import aiohttp
 
@@ -40,6 +40,7 @@ import feishu_progress
 from feishu_progress.domain import TaskStatus
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from tests.cluster_checks import event_mark, undelivered_finals
+from tests.rigs import eventually  # the cluster tests import it from here too
 
 APP_ID, APP_SECRET = "cli_cluster", "cluster-secret"
 ENCRYPT_KEY, VERIFICATION_TOKEN = "cluster-encrypt-key", "cluster-verification"
@@ -49,8 +50,8 @@ REQUESTER, CHAT = "ou_requester", "oc_cluster"
 READY_SECONDS = 45.0
 DRAIN_SECONDS = 5.0
 REQUEST_SECONDS = 15.0
+POLL_SECONDS = 0.1  # its waits read processes and the sandbox's whole log: not more often
 
-T = TypeVar("T")
 
 _LIVE_CHILDREN: set[subprocess.Popen[bytes]] = set()
 
@@ -83,18 +84,6 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float, what: str) -> T:
-    """Poll ``check`` until it returns something other than None; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 class Child:
@@ -281,7 +270,9 @@ class Cluster:
         argv += ["--app-id", APP_ID, "--app-secret", APP_SECRET, *args]
         self.sandbox = Child("sandbox", argv, child_env({}), self.workdir)
         self.sandbox.start()
-        self.sandbox_url = await eventually(self._sandbox_announced, READY_SECONDS, "the sandbox's URL")
+        self.sandbox_url = await eventually(
+            self._sandbox_announced, READY_SECONDS, "the sandbox's URL", interval=POLL_SECONDS
+        )
         return self.sandbox_url
 
     async def _sandbox_announced(self) -> str | None:
@@ -359,7 +350,7 @@ class Cluster:
                     return True if response.status == 200 else None
             return None
 
-        await eventually(ready, timeout, f"{instance.instance_id} to be ready")
+        await eventually(ready, timeout, f"{instance.instance_id} to be ready", interval=POLL_SECONDS)
 
     # --- the load balancer ------------------------------------------------------------------------
 
@@ -659,6 +650,6 @@ class Workload:
             return None if missing else log
 
         try:
-            return await eventually(done, timeout, "every final card")
+            return await eventually(done, timeout, "every final card", interval=POLL_SECONDS)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; still missing: {missing}") from None

@@ -26,6 +26,9 @@ from feishu_progress.db.migrate import downgrade, upgrade
 from feishu_progress.db.models import Base
 from tests.tcp_proxy import TcpProxy
 
+# One sandbox, one app client, one ``eventually``: the shared rigs (tests/rigs.py).
+pytest_plugins = ["tests.rigs"]
+
 DEFAULT_MYSQL_URL = "mysql+aiomysql://root@127.0.0.1:3306/test"
 MYSQL_CONNECT_TIMEOUT_SECONDS = 3
 

@@ -23,9 +23,8 @@ import aiohttp
 
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox
+from tests.rigs import API_TOKEN, APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, answers_200, eventually
 
-APP_ID, APP_SECRET = "cli_e2e", "e2e-secret"
-ENCRYPT_KEY, VERIFICATION_TOKEN, API_TOKEN = "e2e-encrypt-key", "e2e-verification", "e2e-api-token"
 REQUESTER, CHAT = "ou_requester", "oc_e2e"
 STDERR_LINES_KEPT = 200
 
@@ -112,20 +111,24 @@ class Harness:
         service = Service(process, f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.admin_port}")
         self.started.append(service)
         service.drain = asyncio.create_task(service.read_stderr())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        try:
+            await eventually(
+                lambda: self._ready(service), timeout=30, interval=0.1, what="the service to be ready"
+            )
+        except AssertionError as failed:
             if process.returncode is not None:
-                await service.drain
-                raise AssertionError(f"service exited {process.returncode}: {service.stderr()[-2000:]}")
-            try:
-                async with self.http.get(f"{service.admin_url}/readyz") as response:
-                    if response.status == 200:
-                        return service
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-        await self.stop(service, signal.SIGKILL)
-        raise AssertionError(f"service did not become ready in 30 s: {service.stderr()[-2000:]}")
+                raise  # it exited: _ready said so, with its output
+            await self.stop(service, signal.SIGKILL)
+            raise AssertionError(f"{failed}: {service.stderr()[-2000:]}") from None
+        return service
+
+    async def _ready(self, service: Service) -> bool:
+        """Whether ``/readyz`` answers 200; fails at once when the process has exited."""
+        if service.process.returncode is not None:
+            assert service.drain is not None
+            await service.drain
+            raise AssertionError(f"service exited {service.process.returncode}: {service.stderr()[-2000:]}")
+        return await answers_200(self.http, f"{service.admin_url}/readyz")
 
     async def stop_all(self) -> None:
         """Kill every service this harness started that is still running (a failed test's leftovers)."""
@@ -194,14 +197,13 @@ class Harness:
 
     async def card_status(self, message_id: str, expected: str, timeout: float = 10) -> dict[str, Any]:
         """Wait until the sandbox's latest card for ``message_id`` carries the state word ``expected``."""
-        deadline = time.monotonic() + timeout
-        card: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            card = self.sandbox.state.messages[message_id].card
-            if state_word(card) == expected:
-                return card
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"card state is {state_word(card)!r}, expected {expected!r}")
+        card: dict[str, Any] = await eventually(
+            lambda: self.sandbox.state.messages[message_id].card,
+            until=lambda card: state_word(card) == expected,
+            timeout=timeout,
+            what=f"the card's state to be {expected!r}",
+        )
+        return card
 
     @staticmethod
     async def stop(service: Service, sig: int = signal.SIGTERM) -> int:

@@ -2,71 +2,53 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
-from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
-from feishu_progress.app import ADMIN_URL, SERVICES, create_app
+from feishu_progress.app import ADMIN_URL, SERVICES
 from feishu_progress.config import (
-    AdminSettings,
-    ApiSettings,
     CardSettings,
-    FeishuSettings,
-    HttpSettings,
     Settings,
 )
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
+from tests.conftest import sqlite_url
+from tests.rigs import (
+    ADMIN_TOKEN,
+    APP_ID,
+    AUTH,
+    ENCRYPT_KEY,
+    VERIFICATION_TOKEN,
+    Client,
+    app_settings_for,
+    eventually,
+    readyz,
+)
 
-APP_ID, APP_SECRET, KEY, VTOKEN = "cli_t", "secret", "encrypt-key", "verification-token"
-API_TOKEN, ADMIN_TOKEN = "api-token", "admin-token"
 REQUESTER = "ou_requester"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(
-    sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any
-) -> AsyncIterator[TestClient[Any, Any]]:
+def app_settings(sandbox: RunningSandbox, tmp_path: Path) -> Settings:
     # These tests read what a click's answer carries and count PATCHes: the PATCH transport. The CardKit
     # transport (the default) has its own end-to-end tests in test_cardkit_transport.py.
-    settings = Settings(
+    return app_settings_for(
+        sandbox,
+        sqlite_url(tmp_path / "app.db"),
+        admin_token=ADMIN_TOKEN,
         card=CardSettings(transport="patch"),
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url,
-            app_id=APP_ID,
-            app_secret=APP_SECRET,
-            encrypt_key=KEY,
-            verification_token=VTOKEN,
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0, token=ADMIN_TOKEN),
-        api=ApiSettings(token=API_TOKEN),
     )
-    test_client: TestClient[Any, Any] = await aiohttp_client(
-        create_app(settings, registry=CollectorRegistry())
-    )
-    yield test_client
 
 
 async def _create(client: TestClient[Any, Any]) -> tuple[int, str]:
@@ -83,6 +65,11 @@ async def _events(
     return await client.post(f"/v1/tasks/{session_id}/events", json={"events": list(events)}, headers=AUTH)
 
 
+async def _task(client: Client, session_id: int) -> dict[str, Any]:
+    task: dict[str, Any] = await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
+    return task
+
+
 async def _click(
     client: TestClient[Any, Any], message_id: str, operator: str, value: Mapping[str, Any], token: str = "t-1"
 ) -> dict[str, Any]:
@@ -91,11 +78,11 @@ async def _click(
         message_id=message_id,
         chat_id="oc_1",
         value=value,
-        verification_token=VTOKEN,
+        verification_token=VERIFICATION_TOKEN,
         now=time.time(),
         click_token=token,
     )
-    body, headers = signed_request(payload, encrypt_key=KEY, now=time.time())
+    body, headers = signed_request(payload, encrypt_key=ENCRYPT_KEY, now=time.time())
     response = await client.post("/feishu/callback", data=body, headers=headers)
     assert response.status == 200
     reply: dict[str, Any] = await response.json()
@@ -121,10 +108,11 @@ async def test_create_task_sends_the_first_card(
     assert task["status"] == "RUNNING"
     # The click re-attached the evicted task under a new live card: its states must still go out (its
     # versions once repeated the ones the scheduler had settled, and the revived card stayed stale).
-    deadline = time.monotonic() + 5
-    while "boom" in str(sandbox.state.messages[message_id].card):  # the failed card's error
-        assert time.monotonic() < deadline, "the revived card's state was never delivered"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: "boom" not in str(sandbox.state.messages[message_id].card),  # the failed card's error
+        timeout=5,
+        what="the revived card's state to be delivered",
+    )
     assert task["message_id"] == message_id
 
 
@@ -191,10 +179,7 @@ async def test_events_reach_the_card(client: TestClient[Any, Any], sandbox: Runn
         {"type": "tool_finished", "call_id": "1", "result": {"error": "无可用搜索凭据"}},
     )
     assert response.status == 202
-    deadline = time.monotonic() + 5
-    while "hello world" not in str(sandbox.state.messages[message_id].card):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(lambda: "hello world" in str(sandbox.state.messages[message_id].card), timeout=5)
     card = str(sandbox.state.messages[message_id].card)
     assert "第 2 轮" in card
     assert "失败: 无可用搜索凭据" in card
@@ -294,10 +279,12 @@ async def test_a_recalled_card_stops_and_its_clicks_say_so(
     session_id, message_id = await _create(client)
     sandbox.state.recall(message_id)
     await _events(client, session_id, {"type": "content", "text": "after the recall"})
-    deadline = time.monotonic() + 5
-    while (await (await client.get(f"/v1/tasks/{session_id}", headers=AUTH)).json())["stop_reason"] is None:
-        assert time.monotonic() < deadline, "the scheduler kept PATCHing a recalled message"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: _task(client, session_id),
+        until=lambda task: task["stop_reason"] is not None,
+        timeout=5,
+        what="the scheduler to stop PATCHing a recalled message",
+    )
     patches_before = sandbox.state.requests["patch"]
     await _events(client, session_id, {"type": "content", "text": "more"})
     scheduler = client.app[SERVICES].scheduler
@@ -364,11 +351,11 @@ async def test_answers_are_validated_and_an_answered_ask_says_so(client: TestCli
             chat_id="oc_1",
             value=value,
             form_value=form,
-            verification_token=VTOKEN,
+            verification_token=VERIFICATION_TOKEN,
             now=time.time(),
             click_token=token,
         )
-        body, headers = signed_request(payload, encrypt_key=KEY, now=time.time())
+        body, headers = signed_request(payload, encrypt_key=ENCRYPT_KEY, now=time.time())
         reply: dict[str, Any] = await (
             await client.post("/feishu/callback", data=body, headers=headers)
         ).json()
@@ -432,23 +419,14 @@ async def test_readyz_says_degraded_but_stays_ready_while_feishu_is_down_for_eve
     sandbox.state.faults.fail(1.0, status=503, endpoints=("patch",))
     for session_id in sessions:
         await _events(client, session_id, {"type": "content", "text": "working"})
-    admin_url = client.server.app[ADMIN_URL]
-    async with aiohttp.ClientSession() as http:
-        for _ in range(100):  # the six failures land within a second
-            async with http.get(f"{admin_url}/readyz") as response:
-                body = await response.json()
-            if body["status"] == "degraded":
-                break
-            await asyncio.sleep(0.05)
-        assert response.status == 200 and "outage breaker open" in body["degraded"]["feishu"]
-        sandbox.state.faults.clear()
-        for _ in range(100):  # the next probe (2 s) closes it
-            async with http.get(f"{admin_url}/readyz") as response:
-                body = await response.json()
-            if body["status"] == "ready":
-                break
-            await asyncio.sleep(0.05)
-    assert body["status"] == "ready"
+    # The six failures land within a second.
+    status, body = await eventually(
+        lambda: readyz(client), until=lambda ready: ready[1]["status"] == "degraded", timeout=5
+    )
+    assert status == 200 and "outage breaker open" in body["degraded"]["feishu"]
+    sandbox.state.faults.clear()
+    # The next probe (2 s) closes it.
+    await eventually(lambda: readyz(client), until=lambda ready: ready[1]["status"] == "ready", timeout=5)
 
 
 async def test_a_lone_surrogate_escape_is_refused_and_a_paired_one_is_text(

@@ -24,7 +24,8 @@ from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of
 from feishu_progress.progress.scheduler import DeliveryScheduler
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
-from tests.test_cardkit_transport import answer_of, entity, service, stream_text, until
+from tests.rigs import eventually
+from tests.test_cardkit_transport import answer_of, entity, service, stream_text
 
 PACING = Pacing(panel_interval=1.5, streaming_window=540)
 
@@ -51,7 +52,7 @@ async def test_only_fp_rate_lowered_gives_no_rate_limit_answer_on_either_transpo
         for run in runs:
             await run.send({"type": "finished", "status": "COMPLETED"})
         messages = [first.sandbox.state.messages[run.message_id] for run in runs]
-        await until(lambda: all(m.card["header"]["template"] == "green" for m in messages), timeout=30)
+        await eventually(lambda: all(m.card["header"]["template"] == "green" for m in messages), timeout=30)
         for message, text in zip(messages, texts, strict=True):
             assert answer_of(message.card).strip() == text.strip()
         state = first.sandbox.state
@@ -125,7 +126,7 @@ async def test_text_streams_while_the_panel_budget_is_spent() -> None:
         steady = [s for s in card.record.streams if started + 0.5 <= s.at <= ended]
         assert len(steady) / (ended - started - 0.5) >= 4, f"{len(steady)} streamed updates"
         assert card.record.updates["full"] <= 3  # the panel budget held, and the text never waited for it
-        await until(lambda: answer_of(card.card).strip() == text.strip(), timeout=5)
+        await eventually(lambda: answer_of(card.card).strip() == text.strip(), timeout=5)
         assert run.sandbox.state.rate_limited() == 0
 
 

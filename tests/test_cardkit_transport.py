@@ -36,6 +36,7 @@ from feishu_progress.readiness import live_cards
 from feishu_progress.sandbox.cardkit import CardEntity
 from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.services import Services
+from tests.rigs import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -94,14 +95,6 @@ def rate_limited(run: DemoRun) -> int:
     )
 
 
-async def until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
-
-
 async def stream_text(run: DemoRun, seconds: float, *, every: float = 0.05, tool_every: int = 0) -> str:
     """Post a text delta every ``every`` s (and a tool call every ``tool_every`` deltas); the whole text."""
     sent: list[str] = []
@@ -129,7 +122,7 @@ async def test_text_streams_at_five_updates_a_second_while_panels_still_update()
         started = run.sandbox.state.now()
         text = await stream_text(run, 3.0, tool_every=8)
         ended = run.sandbox.state.now()
-        await until(
+        await eventually(
             lambda: answer_of(run.sandbox.state.messages[run.message_id].card).strip() == text.strip()
         )
         card = entity(run)
@@ -152,7 +145,7 @@ async def test_a_stream_survives_the_window_closing_without_losing_text() -> Non
         await run.create_task("长流")
         await run.send({"type": "status", "status": "RUNNING", "round": 1})
         text = await stream_text(run, 4.0, every=0.1)
-        await until(
+        await eventually(
             lambda: answer_of(run.sandbox.state.messages[run.message_id].card).strip() == text.strip()
         )
         stats = run.sandbox.state.cardkit.stats()
@@ -168,7 +161,7 @@ async def test_the_service_reopens_streaming_before_the_window_closes() -> None:
         await run.create_task("提前续期")
         await run.send({"type": "status", "status": "RUNNING", "round": 1})
         text = await stream_text(run, 4.0, every=0.1)
-        await until(
+        await eventually(
             lambda: answer_of(run.sandbox.state.messages[run.message_id].card).strip() == text.strip()
         )
         assert run.sandbox.state.cardkit.stats()["windows_closed"] == 0
@@ -183,7 +176,7 @@ async def test_a_question_turns_streaming_off_before_the_form_shows_and_the_answ
         await stream_text(run, 0.6)
         await run.send(ASK_EVENT)
         message = run.sandbox.state.messages[run.message_id]
-        await until(lambda: "form" in str(message.card))
+        await eventually(lambda: "form" in str(message.card))
         assert entity(run).streaming_since is None
         with_form = [card for _, card in message.history if '"tag": "form"' in _json(card)]
         assert with_form and all(card["config"]["streaming_mode"] is False for card in with_form)
@@ -193,7 +186,7 @@ async def test_a_question_turns_streaming_off_before_the_form_shows_and_the_answ
         assert toast.startswith("success")
         kinds = [action.kind for action in await run.actions()]
         assert kinds == ["answers"]
-        await until(lambda: "form" not in _json(message.card))  # the answered form left the card
+        await eventually(lambda: "form" not in _json(message.card))  # the answered form left the card
         assert message.responses.get(200810, 0) == 0
 
 
@@ -204,7 +197,7 @@ async def test_the_final_card_has_streaming_off_and_the_whole_text() -> None:
         text = await stream_text(run, 1.0)
         await run.send({"type": "finished", "status": "COMPLETED"})
         message = run.sandbox.state.messages[run.message_id]
-        await until(lambda: message.card["header"]["template"] == "green")
+        await eventually(lambda: message.card["header"]["template"] == "green")
         assert message.card["config"]["streaming_mode"] is False
         assert answer_of(message.card).strip() == text.strip()
         assert entity(run).streaming_since is None
@@ -223,7 +216,7 @@ async def test_twenty_streaming_cards_draw_no_rate_limit_and_every_final_arrives
         for run in runs:
             await run.send({"type": "finished", "status": "COMPLETED"})
         messages = [first.sandbox.state.messages[run.message_id] for run in runs]
-        await until(lambda: all(m.card["header"]["template"] == "green" for m in messages), timeout=20)
+        await eventually(lambda: all(m.card["header"]["template"] == "green" for m in messages), timeout=20)
         for message, text in zip(messages, texts, strict=True):
             assert answer_of(message.card).strip() == text.strip()
         assert rate_limited(first) == 0
@@ -241,7 +234,7 @@ async def test_without_the_cardkit_scope_tasks_fall_back_to_patch_and_ask_once()
         second = run.another()
         await second.create_task("无权限 2")
         message = run.sandbox.state.messages[run.message_id]
-        await until(lambda: answer_of(message.card) == "你好")
+        await eventually(lambda: answer_of(message.card) == "你好")
         assert run.sandbox.state.requests.get("patch", 0) >= 1
         assert run.sandbox.state.requests.get("card_create", 0) == 1  # the missing scope is remembered
         assert not run.sandbox.state.cardkit.cards
@@ -259,7 +252,7 @@ async def test_patch_transport_sends_no_cardkit_call() -> None:
             {"type": "status", "status": "RUNNING", "round": 1}, {"type": "content", "text": "你好"}
         )
         message = run.sandbox.state.messages[run.message_id]
-        await until(lambda: answer_of(message.card) == "你好")
+        await eventually(lambda: answer_of(message.card) == "你好")
         assert not run.sandbox.state.cardkit.cards
         assert "streaming_mode" not in message.card["config"]
 
@@ -338,12 +331,12 @@ async def test_the_cut_marker_moves_while_only_the_text_streams() -> None:
         head = "长" * 20_000  # ~60 KB of UTF-8: far past the card's 30 KB, the card shows a cut head
         await run.send({"type": "status", "status": "RUNNING", "round": 1}, {"type": "content", "text": head})
         message = run.sandbox.state.messages[run.message_id]
-        await until(lambda: cut_count(message.card) is not None)
+        await eventually(lambda: cut_count(message.card) is not None)
         first = cut_count(message.card)
         assert first is not None
         await run.send({"type": "content_delta", "text": "续" * 500})
         started = time.monotonic()
-        await until(lambda: cut_count(message.card) == first + 500, timeout=2.5)
+        await eventually(lambda: cut_count(message.card) == first + 500, timeout=2.5)
         assert time.monotonic() - started <= 2.5
         assert rate_limited(run) == 0
 

@@ -29,14 +29,7 @@ from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.web.http import serving
 from tests.conftest import fresh_mysql_database
-
-APP_ID, APP_SECRET, KEY, VTOKEN, API_TOKEN = "cli_doctor", "doctor-secret", "doctor-key", "doctor-vt", "api-t"
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
+from tests.rigs import API_TOKEN, APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN
 
 
 def _settings(sandbox: RunningSandbox, tmp_path: Path, **overrides: Any) -> Settings:
@@ -44,8 +37,8 @@ def _settings(sandbox: RunningSandbox, tmp_path: Path, **overrides: Any) -> Sett
         base_url=sandbox.base_url,
         app_id=APP_ID,
         app_secret=overrides.pop("app_secret", APP_SECRET),
-        encrypt_key=KEY,
-        verification_token=VTOKEN,
+        encrypt_key=ENCRYPT_KEY,
+        verification_token=VERIFICATION_TOKEN,
     )
     values: dict[str, Any] = {
         "database_url": f"sqlite+aiosqlite:///{tmp_path / 'doctor.db'}",
@@ -288,7 +281,11 @@ async def test_every_app_of_an_apps_file_is_checked_and_a_bad_file_is_a_finding(
         f'verification_token_env = "RESEARCH_VTOKEN"\nencrypt_key_env = "RESEARCH_KEY"\n'
         f'domain = "{sandbox.base_url}"\n'
     )
-    env = {"RESEARCH_SECRET": APP_SECRET, "RESEARCH_VTOKEN": VTOKEN, "RESEARCH_KEY": "another-key"}
+    env = {
+        "RESEARCH_SECRET": APP_SECRET,
+        "RESEARCH_VTOKEN": VERIFICATION_TOKEN,
+        "RESEARCH_KEY": "another-key",
+    }
     # FP_FEISHU__* left empty: the file's apps are the deployment's (and no sandbox is used).
     settings = _settings(sandbox, tmp_path, apps_file=str(apps)).model_copy(
         update={"feishu": FeishuSettings()}

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from feishu_progress.sandbox.server import run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from tests.conftest import fresh_mysql_database
-from tests.service_process import APP_ID, APP_SECRET, REQUESTER, Harness, card_text, state_word
+from tests.rigs import eventually
+from tests.service_process import REQUESTER, Harness, card_text, state_word
 
 pytestmark = [pytest.mark.mysql, pytest.mark.slow]
 
@@ -28,9 +27,8 @@ def e2e_database_url() -> str:
 
 
 @pytest.fixture
-async def harness(e2e_database_url: str) -> AsyncIterator[Harness]:
-    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-    async with run_sandbox(config) as sandbox, aiohttp.ClientSession() as http:
+async def harness(e2e_database_url: str, sandbox: RunningSandbox) -> AsyncIterator[Harness]:
+    async with aiohttp.ClientSession() as http:
         harness = Harness(e2e_database_url, sandbox, http)
         await harness.migrate()
         try:
@@ -66,10 +64,11 @@ async def test_full_task_with_subagents_failures_and_answered_question(harness: 
         card = await harness.card_status(message_id, "正在处理")
         # The card moves in steps (the subagent list, then its rounds, at the panel pace): wait for the whole.
         expected = ("子代理 · 2 个运行中", "调研 · 查资料 · 第 3 轮", "(失败: 命令被拒绝执行策略)")
-        deadline = time.monotonic() + 5
-        while not all(part in card_text(card) for part in expected) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            card = harness.sandbox.state.messages[message_id].card
+        card = await eventually(
+            lambda: harness.sandbox.state.messages[message_id].card,
+            until=lambda card: all(part in card_text(card) for part in expected),
+            timeout=5,
+        )
         text = card_text(card)
         assert "子代理 · 2 个运行中" in text
         assert "调研 · 查资料 · 第 3 轮" in text
@@ -132,10 +131,11 @@ async def test_restart_after_kill_reattaches_the_same_card(harness: Harness) -> 
     service = await harness.start()
     try:
         assert await harness.events(service, session_id, {"type": "content", "text": "重启之后的内容"}) == 202
-        deadline = time.monotonic() + 10
-        while "重启之后的内容" not in card_text(harness.sandbox.state.messages[message_id].card):
-            assert time.monotonic() < deadline, "the restarted service never PATCHed the same message"
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: "重启之后的内容" in card_text(harness.sandbox.state.messages[message_id].card),
+            timeout=10,
+            what="the restarted service to PATCH the same message",
+        )
         await harness.events(service, session_id, {"type": "finished", "status": "COMPLETED"})
         final = await harness.card_status(message_id, "已完成")
         assert "第 4 轮" in card_text(final)

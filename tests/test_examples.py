@@ -13,13 +13,14 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+
+from tests.rigs import answers_200, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -57,33 +58,32 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 async def _until_serving(http: aiohttp.ClientSession, process: asyncio.subprocess.Process, url: str) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
+    async def serving() -> bool:
         if process.returncode is not None:
             raise AssertionError(f"serve exited with {process.returncode}")
-        try:
-            async with http.get(f"{url}/v1/openapi.json") as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"serve did not answer within {START_SECONDS} s")
+        return await answers_200(http, f"{url}/v1/openapi.json")
+
+    await eventually(serving, timeout=START_SECONDS, interval=0.1, what="serve to answer")
 
 
 async def _final_card(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> dict[str, Any]:
     """The sandbox's card once its last PATCH arrived (the final state goes out within the pacing)."""
-    deadline = time.monotonic() + 10
-    card: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    async def card() -> dict[str, Any]:
         async with http.get(f"{url}/sandbox/api/messages", headers=headers) as response:
             messages = (await response.json())["messages"]
         assert len(messages) == 1, messages
-        card = messages[0]["card"]
-        if card["header"]["template"] == "green":
-            return card
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the card never reached its final state: {card.get('header')}")
+        shown: dict[str, Any] = messages[0]["card"]
+        return shown
+
+    final: dict[str, Any] = await eventually(
+        card,
+        until=lambda shown: shown["header"]["template"] == "green",
+        timeout=10,
+        interval=0.1,
+        what="the card's final state",
+    )
+    return final
 
 
 @pytest.fixture

@@ -10,59 +10,33 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient
-from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import create_app
-from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.config import Settings
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import TaskRepository
 from feishu_progress.errors import FIRST_CARD_RETRY_AFTER
 from feishu_progress.feishu.retry import FeishuRetryPolicy
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
+from tests.rigs import AUTH, Client, app_settings_for, eventually
 
 pytestmark = pytest.mark.faults
 
-APP_ID, APP_SECRET, API_TOKEN = "cli_faults", "faults-secret", "faults-api-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 ATTEMPTS = FeishuRetryPolicy().attempts
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 
-Client = TestClient[Any, Any]
 # For tests where the database only stores what Feishu decided: SQLite alone (the rest run on both).
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(sandbox: RunningSandbox, db: Database, db_url: str, aiohttp_client: Any) -> Client:
+def app_settings(sandbox: RunningSandbox, db: Database, db_url: str) -> Settings:
     """The app on ``db_url`` (``db`` emptied it first, and is how a test reads what was saved)."""
-    settings = Settings(
-        database_url=db_url,
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url,
-            app_id=APP_ID,
-            app_secret=APP_SECRET,
-            encrypt_key="faults-key",
-            verification_token="faults-token",
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token=API_TOKEN),
-    )
-    test_client: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
-    return test_client
+    return app_settings_for(sandbox, db_url)
 
 
 def create_body(**fields: Any) -> dict[str, Any]:
@@ -270,10 +244,10 @@ async def test_a_batch_sent_again_with_its_key_is_applied_once(client: Client, d
     assert "甲乙丙丙" in json.dumps(view["card"], ensure_ascii=False)
     assert "甲甲" not in json.dumps(view["card"], ensure_ascii=False)
     # Remembered in the saved state (the periodic save): an instance taking the task over knows it.
-    for _ in range(100):
-        saved = await TaskRepository(db).get(session_id)
-        if saved is not None and saved.snapshot is not None and "甲乙丙丙" in saved.snapshot:
-            break
-        await asyncio.sleep(0.05)
+    saved = await eventually(
+        lambda: TaskRepository(db).get(session_id),
+        until=lambda saved: saved is not None and saved.snapshot is not None and "甲乙丙丙" in saved.snapshot,
+        timeout=5,
+    )
     assert saved is not None and saved.snapshot is not None
     assert len(json.loads(saved.snapshot)["applied_batches"]) == 2

@@ -22,10 +22,10 @@ from sqlalchemy.pool import NullPool
 
 from feishu_progress.db.engine import Database
 from feishu_progress.db.repo import TaskRecord, TaskRepository
-from feishu_progress.sandbox.server import run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from tests.conftest import ProxyFactory, fresh_mysql_database
-from tests.service_process import APP_ID, APP_SECRET, Harness, Service, card_text, state_word
+from tests.rigs import eventually
+from tests.service_process import Harness, Service, card_text, state_word
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql, pytest.mark.slow]
@@ -47,11 +47,10 @@ async def db_proxy(database_url: str, tcp_proxy: ProxyFactory) -> TcpProxy:
 
 
 @pytest.fixture
-async def harness(database_url: str, db_proxy: TcpProxy) -> AsyncIterator[Harness]:
+async def harness(database_url: str, db_proxy: TcpProxy, sandbox: RunningSandbox) -> AsyncIterator[Harness]:
     """The service's FP_DATABASE_URL points at the proxy; the test reads the database directly."""
     proxied = make_url(database_url).set(port=db_proxy.port).render_as_string(hide_password=False)
-    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-    async with run_sandbox(config) as sandbox, aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession() as http:
         harness = Harness(proxied, sandbox, http)
         await harness.migrate()
         try:
@@ -98,13 +97,13 @@ class Runtime:
 
 async def card_showing(harness: Harness, message_id: str, word: str, text: str = "") -> dict[str, Any]:
     """The sandbox's newest card for the message once it carries the state ``word`` and ``text``."""
-    deadline = time.monotonic() + CARD_WITHIN_SECONDS
-    while True:
-        card = harness.sandbox.state.messages[message_id].card
-        if state_word(card) == word and text in card_text(card):
-            return card
-        assert time.monotonic() < deadline, f"card never showed {word!r} {text!r}: {card_text(card)}"
-        await asyncio.sleep(0.05)
+    card: dict[str, Any] = await eventually(
+        lambda: harness.sandbox.state.messages[message_id].card,
+        until=lambda card: state_word(card) == word and text in card_text(card),
+        timeout=CARD_WITHIN_SECONDS,
+        what=f"the card to show {word!r} {text!r}",
+    )
+    return card
 
 
 def without_streaming_config(card: dict[str, Any]) -> dict[str, Any]:
@@ -121,13 +120,15 @@ async def readiness(harness: Harness, service: Service) -> tuple[int, dict[str, 
 
 async def saved(repo: TaskRepository, session_id: int, status: str) -> TaskRecord:
     """The task's row once its saved status is ``status`` (read straight from MariaDB, not the proxy)."""
-    deadline = time.monotonic() + SAVED_WITHIN_SECONDS
-    while True:
-        record = await repo.get(session_id)
-        if record is not None and record.status == status:
-            return record
-        assert time.monotonic() < deadline, f"saved status is {record and record.status}, not {status}"
-        await asyncio.sleep(0.2)
+    record = await eventually(
+        lambda: repo.get(session_id),
+        until=lambda record: record is not None and record.status == status,
+        timeout=SAVED_WITHIN_SECONDS,
+        interval=0.2,
+        what=f"the saved status to be {status}",
+    )
+    assert record is not None
+    return record
 
 
 async def test_a_ten_second_database_cut_mid_task_loses_nothing(

@@ -7,7 +7,7 @@ Over real HTTP to the sandbox (sometimes through the TCP proxy); the client's ba
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -17,13 +17,13 @@ from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
 from feishu_progress.feishu import FeishuClient
 from feishu_progress.feishu.retry import FeishuRetryPolicy
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeClock, InstantClock
+from tests.rigs import APP_ID, APP_SECRET
 
 pytestmark = pytest.mark.faults
 
-APP_ID, APP_SECRET = "cli_retry", "retry-secret"
 POLICY = FeishuRetryPolicy()
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 
@@ -43,25 +43,19 @@ def settings(base_url: str, timeout: float = 5.0) -> FeishuSettings:
 
 
 @pytest.fixture
-def sandbox_clock() -> FakeClock:
-    return FakeClock()  # sandbox time stands still: a 429 storm lasts until the test says
-
-
-@pytest.fixture
-async def sandbox(sandbox_clock: FakeClock) -> AsyncIterator[RunningSandbox]:
-    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-    async with run_sandbox(config, clock=sandbox_clock.monotonic) as running:
-        yield running
+def sandbox_clock() -> Callable[[], float]:
+    return FakeClock().monotonic  # sandbox time stands still: a 429 storm lasts until the test says
 
 
 @pytest.fixture
 def clock() -> InstantClock:
-    return InstantClock()
+    return InstantClock()  # the client's backoffs: recorded, and no wall time spent
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox, clock: InstantClock) -> AsyncIterator[FeishuClient]:
-    async with FeishuClient(settings(sandbox.base_url), clock=clock, rng=random.Random(3)) as opened:
+async def seeded_feishu(feishu_settings: FeishuSettings, clock: InstantClock) -> AsyncIterator[FeishuClient]:
+    """The rigs' ``feishu`` on the InstantClock, its backoff jitter seeded: a run repeats exactly."""
+    async with FeishuClient(feishu_settings, clock=clock, rng=random.Random(3)) as opened:
         yield opened
 
 
@@ -73,10 +67,10 @@ def assert_backoffs(sleeps: list[float]) -> None:
 
 
 async def test_two_500s_on_send_cost_two_backoffs_and_send_one_message(
-    client: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
 ) -> None:
     sandbox.state.faults.fail_next(2, status=500, endpoints=("send",))
-    message_id = await client.send_card("oc_1", "chat_id", card(), "fp-task-1")
+    message_id = await seeded_feishu.send_card("oc_1", "chat_id", card(), "fp-task-1")
     assert list(sandbox.state.messages) == [message_id]
     assert sandbox.state.requests["send"] == 3
     assert len(clock.sleeps) == 2
@@ -84,51 +78,51 @@ async def test_two_500s_on_send_cost_two_backoffs_and_send_one_message(
 
 
 async def test_a_send_whose_answers_were_lost_finds_its_first_message_by_uuid(
-    client: FeishuClient, sandbox: RunningSandbox
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
     sandbox.state.faults.lose_answers(2, endpoints=("send",))
-    message_id = await client.send_card("oc_1", "chat_id", card(), "fp-task-2")
+    message_id = await seeded_feishu.send_card("oc_1", "chat_id", card(), "fp-task-2")
     assert sandbox.state.requests["send"] == 3
     assert list(sandbox.state.messages) == [message_id]  # Feishu made it on the first try
 
 
 async def test_without_a_uuid_a_lost_answer_would_send_a_second_card(
-    client: FeishuClient, sandbox: RunningSandbox
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
     # The control for the test above: the sandbox really carries out a request whose answer it loses.
     sandbox.state.faults.lose_answers(1, endpoints=("send",))
-    await client.send_card("oc_1", "chat_id", card(), "")
+    await seeded_feishu.send_card("oc_1", "chat_id", card(), "")
     assert len(sandbox.state.messages) == 2
 
 
 async def test_a_reply_whose_answer_was_lost_is_one_reply(
-    client: FeishuClient, sandbox: RunningSandbox
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    parent = await client.send_card("oc_1", "chat_id", card("question"), "fp-parent")
+    parent = await seeded_feishu.send_card("oc_1", "chat_id", card("question"), "fp-parent")
     sandbox.state.faults.lose_answers(1, endpoints=("reply",))
     sandbox.state.faults.fail_next(1, endpoints=("reply",))
-    reply_id = await client.reply_card(parent, card("answer"), "fp-reply")
+    reply_id = await seeded_feishu.reply_card(parent, card("answer"), "fp-reply")
     assert sandbox.state.requests["reply"] == 3
     replies = [m for m in sandbox.state.messages.values() if m.parent_id == parent]
     assert [m.message_id for m in replies] == [reply_id]
 
 
 async def test_two_500s_on_upload_store_one_image(
-    client: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
 ) -> None:
     sandbox.state.faults.fail_next(2, status=502, endpoints=("image",))
-    image_key = await client.upload_image(PNG)
+    image_key = await seeded_feishu.upload_image(PNG)
     assert sandbox.state.images == {image_key: PNG}
     assert sandbox.state.requests["image"] == 3
     assert_backoffs(clock.sleeps)
 
 
 async def test_an_outage_is_tried_a_bounded_number_of_times(
-    client: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
 ) -> None:
     sandbox.state.faults.outage(endpoints=("send",))
     with pytest.raises(FeishuAPIError) as failed:
-        await client.send_card("oc_1", "chat_id", card(), "fp-task-3")
+        await seeded_feishu.send_card("oc_1", "chat_id", card(), "fp-task-3")
     assert failed.value.http_status == 503
     assert sandbox.state.requests["send"] == POLICY.attempts
     assert len(clock.sleeps) == POLICY.attempts - 1
@@ -137,25 +131,25 @@ async def test_an_outage_is_tried_a_bounded_number_of_times(
 
 
 async def test_a_refused_request_is_not_tried_again(
-    client: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
 ) -> None:
     with pytest.raises(FeishuAPIError) as refused:
-        await client.send_card("oc_1", "no_such_type", card(), "fp-task-4")
+        await seeded_feishu.send_card("oc_1", "no_such_type", card(), "fp-task-4")
     assert refused.value.code == 99992402
     assert sandbox.state.requests["send"] == 1
     assert clock.sleeps == []
 
 
 async def test_a_rate_limit_waits_what_feishu_says_capped(
-    client: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
+    seeded_feishu: FeishuClient, sandbox: RunningSandbox, clock: InstantClock
 ) -> None:
     sandbox.state.faults.fail_next(1, status=429, endpoints=("send",))
-    await client.send_card("oc_1", "chat_id", card(), "fp-task-5")
+    await seeded_feishu.send_card("oc_1", "chat_id", card(), "fp-task-5")
     assert clock.sleeps == [1.0]  # a 429 without a reset header: the gateway's usual second
     clock.sleeps.clear()
     sandbox.state.faults.storm_429(30.0, endpoints=("send",))  # header says 30 s; sandbox time stands still
     with pytest.raises(FeishuAPIError):
-        await client.send_card("oc_1", "chat_id", card(), "fp-task-6")
+        await seeded_feishu.send_card("oc_1", "chat_id", card(), "fp-task-6")
     assert clock.sleeps == [POLICY.max_seconds] * (POLICY.attempts - 1)
 
 

@@ -15,33 +15,29 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient
-from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import ADMIN_URL, SERVICES, create_app
-from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.app import ADMIN_URL, SERVICES
+from feishu_progress.config import Settings
 from feishu_progress.db.engine import Database
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
+from feishu_progress.sandbox.server import RunningSandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from tests.rigs import API_TOKEN, APP_ID, APP_SECRET, AUTH, Client, app_settings_for, eventually
 
 pytestmark = pytest.mark.faults
 
 SEED = 11_2024
 REQUESTS = 2000
 FRESH_TASK_EVERY = 100  # events after 'finished' are refused: new targets keep the batches meaningful
-APP_ID, APP_SECRET, API_TOKEN = "cli_fuzz", "fuzz-secret", "fuzz-api-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 MAX_BODY = 8 * 1024 * 1024
 CARD_WITHIN_SECONDS = 10.0
 
-Client = TestClient[Any, Any]
 Json = Any
 
 
@@ -362,29 +358,14 @@ class Fuzzer:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET).unlimited()) as running:
-        yield running
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET).unlimited()  # the fuzz is no rate test
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox, db: Database, db_url: str, aiohttp_client: Any) -> Client:
+def app_settings(sandbox: RunningSandbox, db: Database, db_url: str) -> Settings:
     """The app on ``db_url`` (emptied first by ``db``)."""
-    settings = Settings(
-        database_url=db_url,
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url,
-            app_id=APP_ID,
-            app_secret=APP_SECRET,
-            encrypt_key="fuzz-key",
-            verification_token="fuzz-token",
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token=API_TOKEN),
-    )
-    test_client: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
-    return test_client
+    return app_settings_for(sandbox, db_url)
 
 
 async def send_raw(client: Client, case: Case) -> int:
@@ -456,7 +437,13 @@ async def test_fuzzed_requests_never_get_a_5xx_and_the_service_stays_healthy(
     after = {"events": [{"type": "content", "text": "模糊测试之后仍然健康"}]}
     response = await client.post(f"/v1/tasks/{session_id}/events", json=after, headers=AUTH)
     assert response.status == 202
-    await until_card_shows(sandbox, message_id, "模糊测试之后仍然健康")
+    await eventually(
+        lambda: (
+            "模糊测试之后仍然健康" in json.dumps(sandbox.state.messages[message_id].card, ensure_ascii=False)
+        ),
+        timeout=CARD_WITHIN_SECONDS,
+        what="the card to show the event",
+    )
     services = client.app[SERVICES]
     async with client.session.get(f"{client.app[ADMIN_URL]}/readyz") as ready:
         assert ready.status == 200, await ready.text()
@@ -465,13 +452,6 @@ async def test_fuzzed_requests_never_get_a_5xx_and_the_service_stays_healthy(
     await service.snapshots.flush()
     unsaved = [task.session_id for task in service.registry if service.snapshots.is_dirty(task.session_id)]
     assert unsaved == []
-
-
-async def until_card_shows(sandbox: RunningSandbox, message_id: str, text: str) -> None:
-    deadline = asyncio.get_running_loop().time() + CARD_WITHIN_SECONDS
-    while text not in json.dumps(sandbox.state.messages[message_id].card, ensure_ascii=False):
-        assert asyncio.get_running_loop().time() < deadline, "the card never showed the event"
-        await asyncio.sleep(0.05)
 
 
 async def test_values_at_the_column_limits_are_saved_and_beyond_them_refused(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,8 +15,9 @@ from feishu_progress.errors import FeishuAPIError, FeishuTransportError
 from feishu_progress.feishu import FeishuCardSink, FeishuClient
 from feishu_progress.feishu.client import is_feishu_host
 from feishu_progress.ports import OutcomeKind
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig
 from tests.fakes import FakeClock
+from tests.rigs import APP_ID, APP_SECRET
 
 
 def card(text: str = "hello") -> dict[str, Any]:
@@ -28,44 +29,38 @@ def card(text: str = "hello") -> dict[str, Any]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # uuid windows and token expiry move only when a test advances
 
 
-@pytest.fixture
-def config() -> SandboxConfig:
-    return SandboxConfig(app_id="cli_test", app_secret="s3cret")
-
-
-@pytest.fixture
-async def sandbox(config: SandboxConfig, clock: FakeClock) -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(config, clock=clock.monotonic) as running:
-        yield running
-
-
-def settings_for(sandbox: RunningSandbox, *, secret: str = "s3cret", timeout: float = 5.0) -> FeishuSettings:
+def settings_for(
+    sandbox: RunningSandbox, *, secret: str = APP_SECRET, timeout: float = 5.0
+) -> FeishuSettings:
     return FeishuSettings(
         base_url=sandbox.base_url + "/",
-        app_id="cli_test",
+        app_id=APP_ID,
         app_secret=SecretStr(secret),
         timeout_seconds=timeout,
     )
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox, clock: FakeClock) -> AsyncIterator[FeishuClient]:
-    client = await FeishuClient.open(settings_for(sandbox), clock=clock)
-    yield client
-    await client.close()
+def feishu_settings(sandbox: RunningSandbox) -> FeishuSettings:
+    return settings_for(sandbox)  # its base URL ends in "/": the client joins paths either way
+
+
+@pytest.fixture
+def feishu_clock(clock: FakeClock) -> FakeClock:
+    return clock  # the client's token renewal on the same fake time as the sandbox
 
 
 # --- round trips -----------------------------------------------------------------------------
 
 
-async def test_send_reply_patch_round_trip(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    message_id = await client.send_card("oc_group", "chat_id", card("first"), "u-1")
-    reply_id = await client.reply_card(message_id, card("reply"), "u-2", in_thread=True)
-    await client.patch_card(message_id, card("second"))
+async def test_send_reply_patch_round_trip(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    message_id = await feishu.send_card("oc_group", "chat_id", card("first"), "u-1")
+    reply_id = await feishu.reply_card(message_id, card("reply"), "u-2", in_thread=True)
+    await feishu.patch_card(message_id, card("second"))
 
     sent = sandbox.state.messages[message_id]
     assert sent.chat_id == "oc_group"
@@ -74,34 +69,34 @@ async def test_send_reply_patch_round_trip(client: FeishuClient, sandbox: Runnin
     assert (reply.parent_id, reply.in_thread, reply.card) == (message_id, True, card("reply"))
 
 
-async def test_upload_image_round_trip(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    image_key = await client.upload_image(b"\x89PNG fake bytes")
+async def test_upload_image_round_trip(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    image_key = await feishu.upload_image(b"\x89PNG fake bytes")
     assert sandbox.state.images[image_key] == b"\x89PNG fake bytes"
 
 
 async def test_same_uuid_within_an_hour_is_the_same_message(
-    client: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
+    feishu: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
 ) -> None:
-    first = await client.send_card("ou_a", "open_id", card(), "same-uuid")
-    assert await client.send_card("ou_a", "open_id", card(), "same-uuid") == first
+    first = await feishu.send_card("ou_a", "open_id", card(), "same-uuid")
+    assert await feishu.send_card("ou_a", "open_id", card(), "same-uuid") == first
     assert len(sandbox.state.messages) == 1
     await clock.advance(3601)
-    assert await client.send_card("ou_a", "open_id", card(), "same-uuid") != first
+    assert await feishu.send_card("ou_a", "open_id", card(), "same-uuid") != first
 
 
-async def test_errors_carry_code_status_and_log_id(client: FeishuClient) -> None:
+async def test_errors_carry_code_status_and_log_id(feishu: FeishuClient) -> None:
     with pytest.raises(FeishuAPIError) as caught:
-        await client.patch_card("om_missing", card())
+        await feishu.patch_card("om_missing", card())
     assert (caught.value.code, caught.value.http_status) == (230001, 400)
     assert caught.value.log_id.startswith("sandbox-")
 
 
 async def test_connection_refused_is_transport_error(sandbox: RunningSandbox) -> None:
     settings = FeishuSettings(base_url="http://127.0.0.1:9", timeout_seconds=1.0)
-    async with FeishuClient(settings) as client:
+    async with FeishuClient(settings) as feishu:
         with pytest.raises(FeishuTransportError):
-            await client.patch_card("om_x", card())
-        assert await client.token_ok() is False
+            await feishu.patch_card("om_x", card())
+        assert await feishu.token_ok() is False
 
 
 async def test_calls_need_an_open_client(sandbox: RunningSandbox) -> None:
@@ -112,51 +107,51 @@ async def test_calls_need_an_open_client(sandbox: RunningSandbox) -> None:
 # --- tokens ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", [SandboxConfig().unlimited()])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig().unlimited()])
 async def test_100_concurrent_calls_share_one_token_fetch(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
     sandbox.state.faults.slow(50, endpoints=("token",))  # keep the fetch in flight while everyone asks
-    ids = await asyncio.gather(*(client.send_card(f"ou_{i}", "open_id", card(), f"u{i}") for i in range(100)))
+    ids = await asyncio.gather(*(feishu.send_card(f"ou_{i}", "open_id", card(), f"u{i}") for i in range(100)))
     assert len(set(ids)) == 100
     assert sandbox.state.token_fetches == 1
-    assert client.tokens.fetches == 1
+    assert feishu.tokens.fetches == 1
 
 
 async def test_token_renewed_five_minutes_before_expiry(
-    client: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
+    feishu: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
 ) -> None:
-    message_id = await client.send_card("ou_a", "open_id", card(), "")
+    message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     await clock.advance(7200 - 300 - 1)
-    await client.patch_card(message_id, card("cached"))
+    await feishu.patch_card(message_id, card("cached"))
     assert sandbox.state.token_fetches == 1
     await clock.advance(2)
-    await client.patch_card(message_id, card("renewed"))
+    await feishu.patch_card(message_id, card("renewed"))
     assert sandbox.state.token_fetches == 2
     assert len(sandbox.state.tokens) == 2  # <30 min left: the sandbox issued a new one
 
 
 async def test_rejected_token_is_refreshed_once_and_the_call_succeeds(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    message_id = await client.send_card("ou_a", "open_id", card(), "")
+    message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     sandbox.state.expire_tokens()
-    await client.patch_card(message_id, card("after refresh"))
+    await feishu.patch_card(message_id, card("after refresh"))
     assert sandbox.state.responses[99991663] == 1
     assert sandbox.state.token_fetches == 2
     assert sandbox.state.messages[message_id].card == card("after refresh")
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(token_ttl=0)])
-async def test_token_rejected_after_refresh_raises(client: FeishuClient, sandbox: RunningSandbox) -> None:
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(token_ttl=0)])
+async def test_token_rejected_after_refresh_raises(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
     with pytest.raises(FeishuAPIError) as caught:
-        await client.send_card("ou_a", "open_id", card(), "")
+        await feishu.send_card("ou_a", "open_id", card(), "")
     assert caught.value.code == 99991663
     assert sandbox.state.requests["send"] == 2  # retried exactly once
 
 
-async def test_wrong_secret_fails_token_ok(sandbox: RunningSandbox, client: FeishuClient) -> None:
-    assert await client.token_ok() is True
+async def test_wrong_secret_fails_token_ok(sandbox: RunningSandbox, feishu: FeishuClient) -> None:
+    assert await feishu.token_ok() is True
     async with FeishuClient(settings_for(sandbox, secret="wrong")) as bad:
         assert await bad.token_ok() is False
         with pytest.raises(FeishuAPIError) as caught:
@@ -165,25 +160,25 @@ async def test_wrong_secret_fails_token_ok(sandbox: RunningSandbox, client: Feis
 
 
 async def test_missing_token_is_99991661(sandbox: RunningSandbox) -> None:
-    async with FeishuClient(settings_for(sandbox)) as client:
+    async with FeishuClient(settings_for(sandbox)) as feishu:
         with pytest.raises(FeishuAPIError) as caught:
-            await client._request("PATCH", "/open-apis/im/v1/messages/om_x", None, body={"content": "{}"})
+            await feishu._request("PATCH", "/open-apis/im/v1/messages/om_x", None, body={"content": "{}"})
     assert (caught.value.code, caught.value.http_status) == (99991661, 400)
 
 
 async def test_logs_never_carry_tokens_or_cards(
-    client: FeishuClient, sandbox: RunningSandbox, caplog: pytest.LogCaptureFixture
+    feishu: FeishuClient, sandbox: RunningSandbox, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    message_id = await client.send_card("ou_a", "open_id", card("SECRET-CARD-TEXT"), "")
+    message_id = await feishu.send_card("ou_a", "open_id", card("SECRET-CARD-TEXT"), "")
     sandbox.state.expire_tokens()
     sandbox.state.recall(message_id)
-    outcome = await FeishuCardSink(client).patch_card(message_id, card("SECRET-CARD-TEXT"))
+    outcome = await FeishuCardSink(feishu).patch_card(message_id, card("SECRET-CARD-TEXT"))
     assert outcome.kind is OutcomeKind.STOP
     dumped = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert "230011" in dumped
     assert "t-sandbox-" not in dumped
-    assert "s3cret" not in dumped
+    assert APP_SECRET not in dumped
     assert "SECRET-CARD-TEXT" not in dumped
 
 
@@ -191,10 +186,10 @@ async def test_logs_never_carry_tokens_or_cards(
 
 
 async def test_sink_delivers_and_classifies_without_raising(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    sink = FeishuCardSink(client, message_interval=0.5)
-    message_id = await client.send_card("ou_a", "open_id", card(), "")
+    sink = FeishuCardSink(feishu, message_interval=0.5)
+    message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     assert (await sink.patch_card(message_id, card("ok"))).kind is OutcomeKind.DELIVERED
     for _ in range(4):
         await sink.patch_card(message_id, card("more"))
@@ -205,9 +200,9 @@ async def test_sink_delivers_and_classifies_without_raising(
     assert (stopped.kind, stopped.code) == (OutcomeKind.STOP, 230110)
 
 
-async def test_sink_backs_off_on_5xx_and_hangs(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    sink = FeishuCardSink(client)
-    message_id = await client.send_card("ou_a", "open_id", card(), "")
+async def test_sink_backs_off_on_5xx_and_hangs(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    sink = FeishuCardSink(feishu)
+    message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     sandbox.state.faults.fail(1.0, status=502)
     assert (await sink.patch_card(message_id, card())).kind is OutcomeKind.BACKOFF
     sandbox.state.faults.clear()
@@ -218,18 +213,18 @@ async def test_sink_backs_off_on_5xx_and_hangs(client: FeishuClient, sandbox: Ru
 
 
 async def test_sink_never_raises_when_feishu_is_unreachable() -> None:
-    async with FeishuClient(FeishuSettings(base_url="http://127.0.0.1:9", timeout_seconds=1.0)) as client:
-        outcome = await FeishuCardSink(client).patch_card("om_x", card())
+    async with FeishuClient(FeishuSettings(base_url="http://127.0.0.1:9", timeout_seconds=1.0)) as feishu:
+        outcome = await FeishuCardSink(feishu).patch_card("om_x", card())
     assert outcome.kind is OutcomeKind.BACKOFF
 
 
 async def test_one_pooled_connection_carries_sequential_calls(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    message_id = await client.send_card("ou_a", "open_id", card(), "")
+    message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     for i in range(5):
         await asyncio.sleep(0)
-        await client.patch_card(message_id, card(f"v{i}"))
+        await feishu.patch_card(message_id, card(f"v{i}"))
     assert sandbox.state.requests["patch"] == 5
     assert sandbox.state.connections == 1  # token, send and PATCHes all reuse one keep-alive socket
 

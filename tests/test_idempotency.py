@@ -7,44 +7,13 @@ answered 202 and silently dropped. The app runs in-process on SQLite against the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient
-from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import create_app
-from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
-from feishu_progress.sandbox.server import RunningSandbox, SandboxConfig, run_sandbox
+from tests.rigs import AUTH
 
-APP_ID, APP_SECRET, API_TOKEN = "cli_idem", "idem-secret", "idem-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 TASK = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_a", "title": "t"}
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any) -> TestClient[Any, Any]:
-    settings = Settings(
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'idem.db'}",
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url, app_id=APP_ID, app_secret=APP_SECRET, verification_token="vt"
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token=API_TOKEN),
-    )
-    test_client: TestClient[Any, Any] = await aiohttp_client(
-        create_app(settings, registry=CollectorRegistry())
-    )
-    return test_client
 
 
 async def test_a_create_key_reused_for_another_request_is_a_422(client: TestClient[Any, Any]) -> None:

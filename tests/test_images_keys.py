@@ -11,27 +11,19 @@ import asyncio
 import json
 import logging
 import math
-import time
 import tracemalloc
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from prometheus_client import CollectorRegistry
-from pydantic import SecretStr
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import SERVICES
 from feishu_progress.background import BackgroundTasks
 from feishu_progress.config import (
-    AdminSettings,
-    ApiSettings,
-    FeishuSettings,
-    HttpSettings,
     ImagesSettings,
     Settings,
 )
@@ -39,8 +31,10 @@ from feishu_progress.domain import ToolCall
 from feishu_progress.feishu import FeishuClient
 from feishu_progress.images import ImageFetcher, ImageUploads, LocalImages
 from feishu_progress.runtime.images import ImageKeys
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig
+from tests.conftest import sqlite_url
 from tests.fakes import FakeClock
+from tests.rigs import APP_ID, APP_SECRET, AUTH, Client, app_settings_for, eventually
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels" * 10
 DRAIN_GUARD_SECONDS = 60.0
@@ -72,22 +66,15 @@ class Collected:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    config = SandboxConfig(
-        app_id="cli_test", app_secret="s3cret", app_per_second=math.inf, app_per_minute=math.inf
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig(
+        app_id=APP_ID, app_secret=APP_SECRET, app_per_second=math.inf, app_per_minute=math.inf
     )
-    async with run_sandbox(config, clock=FakeClock().monotonic) as running:
-        yield running
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox) -> AsyncIterator[FeishuClient]:
-    settings = FeishuSettings(base_url=sandbox.base_url, app_id="cli_test", app_secret=SecretStr("s3cret"))
-    client = await FeishuClient.open(settings)
-    try:
-        yield client
-    finally:
-        await client.close()
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # time stands still: no rate window or token ever runs out mid-test
 
 
 @pytest.fixture
@@ -156,8 +143,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig(sandbox: RunningSandbox, client: FeishuClient) -> Rig:
-    return Rig(sandbox, client)
+def rig(sandbox: RunningSandbox, feishu: FeishuClient) -> Rig:
+    return Rig(sandbox, feishu)
 
 
 async def test_a_path_beneath_the_root_gets_a_key(rig: Rig, root: Path) -> None:
@@ -373,43 +360,27 @@ async def test_many_results_of_big_copies_stay_within_the_semaphore_and_upload_o
 # --- the app's wiring ----------------------------------------------------------------------------
 
 
-def _app_settings(sandbox: RunningSandbox, root: Path, tmp_path: Path) -> Settings:
-    return Settings(
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'app.db'}",
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url,
-            app_id="cli_test",
-            app_secret=SecretStr("s3cret"),
-            encrypt_key=SecretStr("encrypt-key"),  # the app refuses unauthenticated callbacks
-            verification_token=SecretStr("verification-token"),
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token="api-token"),
-        images=ImagesSettings(root=root),
-    )
-
-
-AUTH = {"Authorization": "Bearer api-token"}
+@pytest.fixture
+def app_settings(sandbox: RunningSandbox, root: Path, tmp_path: Path) -> Settings:
+    return app_settings_for(sandbox, sqlite_url(tmp_path / "app.db"), images=ImagesSettings(root=root))
 
 
 async def _card_shows(sandbox: RunningSandbox, message_id: str, text: str) -> str:
     """The message's card once its JSON holds ``text`` (the scheduler delivers within a second or two)."""
-    deadline = time.monotonic() + DRAIN_GUARD_SECONDS
-    while text not in (shown := json.dumps(sandbox.state.messages[message_id].card, ensure_ascii=False)):
-        assert time.monotonic() < deadline, shown
-        await asyncio.sleep(0.05)
+    shown: str = await eventually(
+        lambda: json.dumps(sandbox.state.messages[message_id].card, ensure_ascii=False),
+        until=lambda shown: text in shown,
+        timeout=DRAIN_GUARD_SECONDS,
+    )
     return shown
 
 
 async def test_an_image_on_its_way_says_so_on_the_delivered_card(
-    sandbox: RunningSandbox, root: Path, tmp_path: Path, aiohttp_client: Any
+    sandbox: RunningSandbox, client: Client
 ) -> None:
     """Seed 000 D5 is for an image that cannot be reached; while its upload runs the card says 图片上传中."""
-    app = create_app(_app_settings(sandbox, root, tmp_path), registry=CollectorRegistry())
-    http = await aiohttp_client(app)
     task = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_1", "title": "t"}
-    created = await (await http.post("/v1/tasks", json=task, headers=AUTH)).json()
+    created = await (await client.post("/v1/tasks", json=task, headers=AUTH)).json()
     sandbox.state.faults.slow(1500, endpoints=("image",))  # the upload takes a while
     result = {"images": [{"image_url": "/u/a.png", "image_path": "a.png", "size_bytes": 2048}]}
     events = [
@@ -417,21 +388,17 @@ async def test_an_image_on_its_way_says_so_on_the_delivered_card(
         {"type": "tool_finished", "call_id": "img-1", "result": result},
     ]
     path = f"/v1/tasks/{created['session_id']}/events"
-    assert (await http.post(path, json={"events": events}, headers=AUTH)).status == 202
+    assert (await client.post(path, json={"events": events}, headers=AUTH)).status == 202
     during = await _card_shows(sandbox, created["message_id"], "图片上传中")
     assert "图片不可达" not in during
     after = await _card_shows(sandbox, created["message_id"], '"img_key"')
     assert "图片上传中" not in after and "图片不可达" not in after
 
 
-async def test_the_app_uploads_images_from_its_root_only(
-    sandbox: RunningSandbox, root: Path, tmp_path: Path, aiohttp_client: Any
-) -> None:
-    app = create_app(_app_settings(sandbox, root, tmp_path), registry=CollectorRegistry())
-    http = await aiohttp_client(app)
+async def test_the_app_uploads_images_from_its_root_only(sandbox: RunningSandbox, client: Client) -> None:
     auth = AUTH
     task = {"receive_id": "oc_1", "receive_id_type": "chat_id", "requester_open_id": "ou_1", "title": "t"}
-    created = await http.post("/v1/tasks", json=task, headers=auth)
+    created = await client.post("/v1/tasks", json=task, headers=auth)
     session_id = (await created.json())["session_id"]
     result = {
         "images": [
@@ -443,11 +410,11 @@ async def test_the_app_uploads_images_from_its_root_only(
         {"type": "tool_started", "call_id": "img-1", "name": "generate_image", "args": {"prompt": "a"}},
         {"type": "tool_finished", "call_id": "img-1", "result": result},
     ]
-    response = await http.post(f"/v1/tasks/{session_id}/events", json={"events": events}, headers=auth)
+    response = await client.post(f"/v1/tasks/{session_id}/events", json={"events": events}, headers=auth)
     assert response.status == 202, await response.text()
     uploading = [t for t in asyncio.all_tasks() if t.get_name() == "images-img-1"]
     await asyncio.wait_for(asyncio.gather(*uploading), DRAIN_GUARD_SECONDS)
-    state = (await app[SERVICES].service.require(session_id)).state
+    state = (await client.app[SERVICES].service.require(session_id)).state
     image_keys = state.image_keys
     assert list(image_keys) == ["a.png"]
     assert sandbox.state.images[image_keys["a.png"]] == png("a")

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-from pydantic import SecretStr
 
-from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuProgressError, ImageRefused
 from feishu_progress.feishu import FeishuClient
 from feishu_progress.images import ImageUploads
 from feishu_progress.images.uploads import UploadAbandoned
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig
 from tests.fakes import FakeClock
+from tests.rigs import APP_ID, APP_SECRET
 
 ARRIVAL_GUARD_SECONDS = 10.0  # waits on a condition, never on time; a bug fails instead of hanging
 
@@ -25,22 +24,15 @@ def png(tag: str) -> bytes:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    config = SandboxConfig(
-        app_id="cli_test", app_secret="s3cret", app_per_second=math.inf, app_per_minute=math.inf
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig(
+        app_id=APP_ID, app_secret=APP_SECRET, app_per_second=math.inf, app_per_minute=math.inf
     )
-    async with run_sandbox(config, clock=FakeClock().monotonic) as running:
-        yield running
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox) -> AsyncIterator[FeishuClient]:
-    settings = FeishuSettings(base_url=sandbox.base_url, app_id="cli_test", app_secret=SecretStr("s3cret"))
-    client = await FeishuClient.open(settings)
-    try:
-        yield client
-    finally:
-        await client.close()
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # time stands still: no rate window or token ever runs out mid-test
 
 
 class GatedClient:
@@ -70,9 +62,9 @@ class GatedClient:
 
 
 async def test_each_content_is_uploaded_once_within_the_cache(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    uploads = ImageUploads(client, max_entries=2)
+    uploads = ImageUploads(feishu, max_entries=2)
     first = await uploads.upload_image(png("cat"))
     assert await uploads.upload_image(png("cat")) == first
     second = await uploads.upload_image(png("dog"))
@@ -85,9 +77,9 @@ async def test_each_content_is_uploaded_once_within_the_cache(
 
 
 async def test_concurrent_uploads_of_the_same_bytes_share_one_upload(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    gated = GatedClient(client)
+    gated = GatedClient(feishu)
     uploads = ImageUploads(gated)
     racing = [asyncio.ensure_future(uploads.upload_image(png("same"))) for _ in range(3)]
     await gated.until_waiting(1)
@@ -101,9 +93,9 @@ async def test_concurrent_uploads_of_the_same_bytes_share_one_upload(
 
 
 async def test_at_most_concurrency_bodies_are_loaded_at_once(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    gated = GatedClient(client)
+    gated = GatedClient(feishu)
     uploads = ImageUploads(gated, concurrency=2)
     loaded: list[int] = []
 
@@ -126,9 +118,9 @@ async def test_at_most_concurrency_bodies_are_loaded_at_once(
 
 
 async def test_a_failed_upload_fails_its_waiters_and_is_not_cached(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    gated = GatedClient(client)
+    gated = GatedClient(feishu)
     uploads = ImageUploads(gated)
     sandbox.state.faults.fail(1.0, status=500, endpoints=("image",))
     racing = [asyncio.ensure_future(uploads.upload_image(png("flaky"))) for _ in range(2)]
@@ -144,8 +136,8 @@ async def test_a_failed_upload_fails_its_waiters_and_is_not_cached(
     assert gated.calls == 2
 
 
-async def test_a_cancelled_upload_releases_its_waiters(client: FeishuClient) -> None:
-    gated = GatedClient(client)
+async def test_a_cancelled_upload_releases_its_waiters(feishu: FeishuClient) -> None:
+    gated = GatedClient(feishu)
     uploads = ImageUploads(gated)
     leader = asyncio.ensure_future(uploads.upload_image(png("abandoned")))
     await gated.until_waiting(1)
@@ -157,8 +149,8 @@ async def test_a_cancelled_upload_releases_its_waiters(client: FeishuClient) -> 
     assert leader.cancelled()
 
 
-async def test_non_images_never_reach_feishu(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    uploads = ImageUploads(client)
+async def test_non_images_never_reach_feishu(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    uploads = ImageUploads(feishu)
     with pytest.raises(ImageRefused) as refused:
         await uploads.upload_image(b"FP_FEISHU__APP_SECRET=s3cret")
     assert refused.value.reason == "not_an_image"

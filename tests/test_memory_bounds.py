@@ -9,37 +9,33 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import SERVICES, create_app
+from feishu_progress.app import SERVICES
 from feishu_progress.config import AdminSettings, HttpSettings, Settings
 from feishu_progress.errors import EventRejected
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.bounds import MAX_TOOL_VALUE_BYTES, bound_json, fits, json_size
 from feishu_progress.runtime.state import MAX_IMAGE_KEYS, MAX_PENDING, MAX_TOOLS_KEPT, TaskState
 from feishu_progress.runtime.task import Task
+from tests.rigs import Client, eventually
 
-Client = TestClient[Any, Any]
 MIB = 1024 * 1024
 
 
 @pytest.fixture
-async def client(tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[Client]:
-    settings = Settings(
+def app_settings(tmp_path: Path) -> Settings:
+    # Sandbox mode: no app id, so the service runs its own sandbox (no sandbox fixture needed).
+    return Settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'fp.db'}",
         http=HttpSettings(port=0),
         admin=AdminSettings(host="127.0.0.1", port=0),
     )
-    test_client: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
-    yield test_client
 
 
 async def create(client: Client) -> int:
@@ -147,11 +143,10 @@ async def test_finished_tasks_leave_memory_once_their_final_is_delivered(client:
     done = {"type": "finished", "status": "COMPLETED"}
     statuses = await asyncio.gather(*(post(client, session_id, done) for session_id in sessions))
     assert set(statuses) == {202}
-    for _ in range(600):  # the finals go out within the app budget (50/s): a few seconds
-        if not held(client):
-            break
-        await asyncio.sleep(0.05)
-    assert held(client) == {}, f"{len(held(client))} finished tasks still held"
+    # The finals go out within the app budget (50/s): a few seconds.
+    await eventually(
+        lambda: len(held(client)), until=lambda count: count == 0, timeout=30, what="no finished task held"
+    )
     view = await client.get(f"/v1/tasks/{sessions[0]}")  # the database still has them
     assert view.status == 200 and (await view.json())["status"] == "COMPLETED"
 

@@ -7,15 +7,13 @@ believes it did.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from feishu_progress.app import ADMIN_URL, SERVICES, create_app
@@ -34,16 +32,14 @@ from feishu_progress.errors import ConfigError
 from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from tests.rigs import ADMIN_TOKEN, API_TOKEN, AUTH, Client, eventually
 
-API_TOKEN, ADMIN_TOKEN = "api-token", "admin-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 REQUESTER = "ou_requester"
 # name -> (app_id, secret, encrypt key, verification token); the secrets reach the service only by env.
 APPS = {
     "research": ("cli_research", "research-secret", "research-encrypt-key", "research-vtoken"),
     "sales": ("cli_sales", "sales-secret", "sales-encrypt-key", "sales-vtoken"),
 }
-Client = TestClient[Any, Any]
 
 
 def apps_toml(base_urls: Mapping[str, str], extra: str = "") -> str:
@@ -98,13 +94,8 @@ def settings_for(tmp_path: Path, sandboxes: Mapping[str, RunningSandbox]) -> Set
 
 
 @pytest.fixture
-async def client(
-    app_env: None, sandboxes: dict[str, RunningSandbox], tmp_path: Path, aiohttp_client: Any
-) -> Client:
-    test_client: Client = await aiohttp_client(
-        create_app(settings_for(tmp_path, sandboxes), registry=CollectorRegistry())
-    )
-    return test_client
+def app_settings(app_env: None, sandboxes: dict[str, RunningSandbox], tmp_path: Path) -> Settings:
+    return settings_for(tmp_path, sandboxes)
 
 
 async def _create(client: Client, app: str | None) -> tuple[int, str]:
@@ -146,13 +137,6 @@ def _text(sandbox: RunningSandbox, message_id: str) -> str:
     return str(sandbox.state.messages[message_id].card)
 
 
-async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 async def test_each_apps_cards_land_on_its_own_sandbox(
     client: Client, sandboxes: dict[str, RunningSandbox]
 ) -> None:
@@ -164,8 +148,8 @@ async def test_each_apps_cards_land_on_its_own_sandbox(
     assert sales_message not in sandboxes["research"].state.messages
     for session_id in (research_id, sales_id):
         await _events(client, session_id, {"type": "finished", "status": "COMPLETED", "content": "done"})
-    await _until(lambda: "done" in _text(sandboxes["research"], research_message))
-    await _until(lambda: "done" in _text(sandboxes["sales"], sales_message))
+    await eventually(lambda: "done" in _text(sandboxes["research"], research_message))
+    await eventually(lambda: "done" in _text(sandboxes["sales"], sales_message))
     view = await (await client.get(f"/v1/tasks/{sales_id}", headers=AUTH)).json()
     assert view["app"] == "sales"
 
@@ -204,7 +188,7 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
             await _events(client, session_id, {"type": "content", "text": f"{name} working"})
             await _events(client, session_id, {"type": "finished", "status": "COMPLETED", "content": "fin"})
     # While research's Open API is down, sales delivers every final.
-    await _until(lambda: all("fin" in _text(sandboxes["sales"], m) for _, m in tasks["sales"]))
+    await eventually(lambda: all("fin" in _text(sandboxes["sales"], m) for _, m in tasks["sales"]))
     assert not any("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"])
     scheduler = {app.name: app.scheduler for app in client.server.app[SERVICES].apps or ()}
     assert scheduler["research"].breaker.opened_at is not None  # research's breaker, and only research's
@@ -217,7 +201,9 @@ async def test_one_apps_outage_leaves_the_others_cards_moving(
     assert metrics.value("fp_breaker_open", {"app": "research"}) == 1
     assert metrics.value("fp_breaker_open", {"app": "sales"}) == 0
     sandboxes["research"].state.faults.clear()
-    await _until(lambda: all("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"]), 15)
+    await eventually(
+        lambda: all("fin" in _text(sandboxes["research"], m) for _, m in tasks["research"]), timeout=15
+    )
     for sandbox in sandboxes.values():  # each app kept within its own budget: no rate-limit answer
         assert sandbox.state.responses.get(99991400, 0) == 0 and sandbox.state.responses.get(230020, 0) == 0
 
@@ -263,7 +249,7 @@ async def test_a_task_keeps_its_app_across_a_restart(
     await first.close()  # a restart: the task is unfinished
     second: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
     await _events(second, session_id, {"type": "finished", "status": "COMPLETED", "content": "after"})
-    await _until(lambda: "after" in _text(sandboxes["sales"], message_id))
+    await eventually(lambda: "after" in _text(sandboxes["sales"], message_id))
     view = await (await second.get(f"/v1/tasks/{session_id}", headers=AUTH)).json()
     assert view["app"] == "sales"
     assert not sandboxes["research"].state.messages  # nothing went to the other app

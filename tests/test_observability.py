@@ -8,7 +8,6 @@ dashboard's expressions are also checked by ``promtool`` when it is installed (D
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -34,7 +33,8 @@ from feishu_progress.config import (
     HttpSettings,
     Settings,
 )
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox
+from tests.rigs import APP_ID, APP_SECRET, eventually
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "deploy" / "grafana" / "feishu-progress.json"
@@ -123,9 +123,9 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
     def sample(name: str, labels: dict[str, str] | None = None) -> float:
         return services.metrics.value(name, labels)
 
-    async with asyncio.timeout(10):
-        while sample("fp_oldest_pending_final_seconds") < 0.2:  # the final waits, and ages
-            await asyncio.sleep(0.05)
+    await eventually(  # the final waits, and ages
+        lambda: sample("fp_oldest_pending_final_seconds"), until=lambda age: age >= 0.2, timeout=10
+    )
     assert (
         sample("fp_budget_minute_use_ratio", {"app": "default", "api": "patch"}) > 0
     )  # the failed tries count
@@ -133,9 +133,9 @@ async def test_a_final_state_held_back_by_feishu_shows_its_age_and_budget_use_is
     assert sample("fp_open_api_writes_total", {"app": "default", "api": "patch", "result": "error"}) > 0
     assert sample("fp_open_api_writes_total", {"app": "default", "api": "send", "result": "ok"}) == 1
     sandbox.state.faults.clear()
-    async with asyncio.timeout(15):
-        while sample("fp_oldest_pending_final_seconds") > 0:  # delivered: nothing waits
-            await asyncio.sleep(0.05)
+    await eventually(  # delivered: nothing waits
+        lambda: sample("fp_oldest_pending_final_seconds"), until=lambda age: age <= 0, timeout=15
+    )
     async with aiohttp.ClientSession() as http, http.get(f"{client.app[ADMIN_URL]}/readyz") as ready:
         assert ready.status == 200
     assert sample("fp_readiness_ok", {"check": "database"}) == 1
@@ -168,15 +168,14 @@ async def test_every_single_mode_metric_the_dashboard_and_alerts_use_is_exported
 
 @pytest.mark.mysql
 async def test_every_cluster_metric_the_dashboard_and_alerts_use_is_exported(
-    mysql_url: str, aiohttp_client: Any
+    mysql_url: str, aiohttp_client: Any, sandbox: RunningSandbox
 ) -> None:
     redis_url = os.environ.get("FP_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
-    async with run_sandbox(SandboxConfig(app_id="cli_metrics", app_secret="metrics-secret")) as sandbox:
-        client: TestClient[Any, Any] = await aiohttp_client(
-            create_app(cluster_settings(mysql_url, redis_url, sandbox), registry=CollectorRegistry())
-        )
-        exported = exported_names(await scrape(client))
-        await client.close()
+    client: TestClient[Any, Any] = await aiohttp_client(
+        create_app(cluster_settings(mysql_url, redis_url, sandbox), registry=CollectorRegistry())
+    )
+    exported = exported_names(await scrape(client))
+    await client.close()
     used = names_in(dashboard_expressions()) | names_in([rule["expr"] for rule in alert_rules()])
     cluster = {name for name in used if CLUSTER_ONLY.match(name) or name.startswith("fp_budget_")}
     assert cluster and cluster - exported == set()
@@ -191,8 +190,8 @@ def cluster_settings(mysql_url: str, redis_url: str, sandbox: RunningSandbox) ->
         cluster=ClusterSettings(secret="metrics-cluster-secret-" + "x" * 16),
         feishu=FeishuSettings(
             base_url=sandbox.base_url,
-            app_id="cli_metrics",
-            app_secret="metrics-secret",
+            app_id=APP_ID,
+            app_secret=APP_SECRET,
             encrypt_key="metrics-key",
             verification_token="metrics-vtoken",
         ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from feishu_progress.errors import FeishuAPIError, FeishuTransportError
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.errors import classify
 from feishu_progress.ports import OutcomeKind
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxState, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxState
 from feishu_progress.sandbox.state import SlidingWindow
 from tests.fakes import FakeClock
 
@@ -29,30 +29,22 @@ def card(text: str = "hello", *, elements: int = 1) -> dict[str, Any]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig()  # any app: the limits are what these tests read
 
 
 @pytest.fixture
-def config() -> SandboxConfig:
-    return SandboxConfig()
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # windows, TTLs and the update window move only when a test advances
 
 
 @pytest.fixture
-async def sandbox(config: SandboxConfig, clock: FakeClock) -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(config, clock=clock.monotonic) as running:
-        yield running
+def feishu_clock(clock: FakeClock) -> FakeClock:
+    return clock  # the client's token renewal on the same fake time as the sandbox
 
 
-@pytest.fixture
-async def client(sandbox: RunningSandbox, clock: FakeClock) -> AsyncIterator[FeishuClient]:
-    settings = FeishuSettings(base_url=sandbox.base_url, timeout_seconds=5.0)
-    async with FeishuClient(settings, clock=clock) as opened:
-        yield opened
-
-
-async def send(client: FeishuClient, uuid: str = "") -> str:
-    return await client.send_card("ou_user", "open_id", card(), uuid)
+async def send(feishu: FeishuClient, uuid: str = "") -> str:
+    return await feishu.send_card("ou_user", "open_id", card(), uuid)
 
 
 async def api_error(coro: Any) -> FeishuAPIError:
@@ -64,69 +56,69 @@ async def api_error(coro: Any) -> FeishuAPIError:
 # --- per-message and app limits ----------------------------------------------------------------
 
 
-async def test_sixth_patch_within_a_second_is_230020(client: FeishuClient, clock: FakeClock) -> None:
-    message_id = await send(client)
+async def test_sixth_patch_within_a_second_is_230020(feishu: FeishuClient, clock: FakeClock) -> None:
+    message_id = await send(feishu)
     for i in range(5):
-        await client.patch_card(message_id, card(f"v{i}"))
-    error = await api_error(client.patch_card(message_id, card("v5")))
+        await feishu.patch_card(message_id, card(f"v{i}"))
+    error = await api_error(feishu.patch_card(message_id, card("v5")))
     assert error.code == 230020
     assert classify(error).kind is OutcomeKind.RETRY_MESSAGE
     await clock.advance(1.0)
-    await client.patch_card(message_id, card("v6"))
+    await feishu.patch_card(message_id, card("v6"))
 
 
-async def test_sliding_window_counts_the_last_second_only(client: FeishuClient, clock: FakeClock) -> None:
-    message_id = await send(client)
+async def test_sliding_window_counts_the_last_second_only(feishu: FeishuClient, clock: FakeClock) -> None:
+    message_id = await send(feishu)
     for i in range(5):
-        await client.patch_card(message_id, card(f"v{i}"))
+        await feishu.patch_card(message_id, card(f"v{i}"))
         await clock.advance(0.15)
     # 0.75 s passed: the first PATCH is still inside the window.
-    assert (await api_error(client.patch_card(message_id, card("x")))).code == 230020
+    assert (await api_error(feishu.patch_card(message_id, card("x")))).code == 230020
     await clock.advance(0.3)
-    await client.patch_card(message_id, card("y"))
+    await feishu.patch_card(message_id, card("y"))
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(app_per_second=3, per_message_qps=math.inf)])
-async def test_app_per_second_budget_is_429_with_reset(client: FeishuClient) -> None:
-    message_id = await send(client)
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(app_per_second=3, per_message_qps=math.inf)])
+async def test_app_per_second_budget_is_429_with_reset(feishu: FeishuClient) -> None:
+    message_id = await send(feishu)
     for i in range(3):
-        await client.patch_card(message_id, card(f"v{i}"))
-    error = await api_error(client.patch_card(message_id, card("over")))
+        await feishu.patch_card(message_id, card(f"v{i}"))
+    error = await api_error(feishu.patch_card(message_id, card("over")))
     assert (error.code, error.http_status, error.retry_after) == (99991400, 429, 1.0)
     outcome = classify(error)
     assert (outcome.kind, outcome.retry_after) == (OutcomeKind.PAUSE_APP, 1.0)
 
 
 @pytest.mark.parametrize(
-    "config", [SandboxConfig(app_per_second=math.inf, app_per_minute=4, per_message_qps=math.inf)]
+    "sandbox_config", [SandboxConfig(app_per_second=math.inf, app_per_minute=4, per_message_qps=math.inf)]
 )
 async def test_app_per_minute_budget_resets_when_the_oldest_call_leaves(
-    client: FeishuClient, clock: FakeClock
+    feishu: FeishuClient, clock: FakeClock
 ) -> None:
-    message_id = await send(client)
+    message_id = await send(feishu)
     for i in range(4):
-        await client.patch_card(message_id, card(f"v{i}"))
+        await feishu.patch_card(message_id, card(f"v{i}"))
         await clock.advance(10)
-    error = await api_error(client.patch_card(message_id, card("over")))
+    error = await api_error(feishu.patch_card(message_id, card("over")))
     assert error.retry_after == 20.0  # the first PATCH was 40 s ago
     await clock.advance(20)
-    await client.patch_card(message_id, card("after"))
+    await feishu.patch_card(message_id, card("after"))
 
 
 # --- cards refused ---------------------------------------------------------------------------
 
 
-async def test_card_over_30kb_is_230025(client: FeishuClient) -> None:
-    message_id = await send(client)
-    error = await api_error(client.patch_card(message_id, card("x" * 31 * 1024)))
+async def test_card_over_30kb_is_230025(feishu: FeishuClient) -> None:
+    message_id = await send(feishu)
+    error = await api_error(feishu.patch_card(message_id, card("x" * 31 * 1024)))
     assert error.code == 230025
     assert classify(error).kind is OutcomeKind.DEGRADE
 
 
-async def test_card_over_200_elements_is_300305(client: FeishuClient) -> None:
-    message_id = await send(client)
-    assert (await api_error(client.patch_card(message_id, card(elements=201)))).code == 300305
-    await client.patch_card(message_id, card(elements=200))
+async def test_card_over_200_elements_is_300305(feishu: FeishuClient) -> None:
+    message_id = await send(feishu)
+    assert (await api_error(feishu.patch_card(message_id, card(elements=201)))).code == 300305
+    await feishu.patch_card(message_id, card(elements=200))
 
 
 @pytest.mark.parametrize(
@@ -141,63 +133,63 @@ async def test_card_over_200_elements_is_300305(client: FeishuClient) -> None:
     ],
 )
 async def test_invalid_card_is_230099_naming_the_problem(
-    client: FeishuClient, broken: dict[str, Any], needle: str
+    feishu: FeishuClient, broken: dict[str, Any], needle: str
 ) -> None:
-    message_id = await send(client)
-    error = await api_error(client.patch_card(message_id, broken))
+    message_id = await send(feishu)
+    error = await api_error(feishu.patch_card(message_id, broken))
     assert error.code == 230099
     assert needle in error.msg
 
 
-async def test_invalid_card_is_refused_on_send_too(client: FeishuClient, sandbox: RunningSandbox) -> None:
+async def test_invalid_card_is_refused_on_send_too(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
     broken = {"schema": "2.0", "body": {"elements": []}}
-    assert (await api_error(client.send_card("ou_x", "open_id", broken, ""))).code == 230099
+    assert (await api_error(feishu.send_card("ou_x", "open_id", broken, ""))).code == 230099
     assert sandbox.state.messages == {}
 
 
 # --- message state ---------------------------------------------------------------------------
 
 
-async def test_update_window_is_14_days(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    message_id = await send(client)
+async def test_update_window_is_14_days(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    message_id = await send(feishu)
     sandbox.state.age_message(message_id, 13.9)
-    await client.patch_card(message_id, card("still fine"))
+    await feishu.patch_card(message_id, card("still fine"))
     sandbox.state.age_message(message_id, 0.2)
-    error = await api_error(client.patch_card(message_id, card("too late")))
+    error = await api_error(feishu.patch_card(message_id, card("too late")))
     assert error.code == 230031
     assert classify(error).kind is OutcomeKind.STOP
 
 
 @pytest.mark.parametrize(("action", "code"), [("recall", 230011), ("delete", 230110)])
 async def test_recalled_and_deleted_messages_refuse_patches(
-    client: FeishuClient, sandbox: RunningSandbox, action: str, code: int
+    feishu: FeishuClient, sandbox: RunningSandbox, action: str, code: int
 ) -> None:
-    message_id = await send(client)
+    message_id = await send(feishu)
     getattr(sandbox.state, action)(message_id)
-    assert (await api_error(client.patch_card(message_id, card()))).code == code
+    assert (await api_error(feishu.patch_card(message_id, card()))).code == code
     assert sandbox.state.messages[message_id].responses[code] == 1
 
 
-async def test_unknown_message_and_bad_receive_type(client: FeishuClient) -> None:
-    assert (await api_error(client.patch_card("om_nope", card()))).code == 230001
-    assert (await api_error(client.send_card("x", "phone", card(), ""))).code == 99992402
+async def test_unknown_message_and_bad_receive_type(feishu: FeishuClient) -> None:
+    assert (await api_error(feishu.patch_card("om_nope", card()))).code == 230001
+    assert (await api_error(feishu.send_card("x", "phone", card(), ""))).code == 99992402
 
 
-async def test_empty_image_is_refused(client: FeishuClient) -> None:
-    assert (await api_error(client.upload_image(b""))).code == 234011
+async def test_empty_image_is_refused(feishu: FeishuClient) -> None:
+    assert (await api_error(feishu.upload_image(b""))).code == 234011
 
 
 # --- faults ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", [SandboxConfig().unlimited()])
-async def test_seeded_5xx_fraction_is_reproducible(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    message_id = await send(client)
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig().unlimited()])
+async def test_seeded_5xx_fraction_is_reproducible(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    message_id = await send(feishu)
     sandbox.state.faults.fail(0.3, status=503, seed=7)
     failures = 0
     for i in range(60):
         try:
-            await client.patch_card(message_id, card(f"v{i}"))
+            await feishu.patch_card(message_id, card(f"v{i}"))
         except FeishuAPIError as exc:
             assert exc.http_status == 503
             assert classify(exc).kind is OutcomeKind.BACKOFF
@@ -209,9 +201,9 @@ async def test_seeded_5xx_fraction_is_reproducible(client: FeishuClient, sandbox
 
 
 async def test_hang_becomes_transport_error_within_the_timeout(
-    client: FeishuClient, sandbox: RunningSandbox
+    feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    message_id = await send(client)
+    message_id = await send(feishu)
     sandbox.state.faults.hang(1)
     settings = FeishuSettings(base_url=sandbox.base_url, timeout_seconds=0.3)
     async with FeishuClient(settings) as impatient:
@@ -219,25 +211,25 @@ async def test_hang_becomes_transport_error_within_the_timeout(
         with pytest.raises(FeishuTransportError):
             await impatient.patch_card(message_id, card("lost"))
         assert time.perf_counter() - started < 3.0  # the timeout fired, not the sandbox's hang cap
-    await client.patch_card(message_id, card("next one answers"))
+    await feishu.patch_card(message_id, card("next one answers"))
     assert sandbox.state.messages[message_id].card == card("next one answers")
 
 
 async def test_429_storm_then_recovery(
-    client: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
+    feishu: FeishuClient, sandbox: RunningSandbox, clock: FakeClock
 ) -> None:
-    message_id = await send(client)
+    message_id = await send(feishu)
     sandbox.state.faults.storm_429(4.2)
-    error = await api_error(client.patch_card(message_id, card()))
+    error = await api_error(feishu.patch_card(message_id, card()))
     assert (error.http_status, error.code, error.retry_after) == (429, 99991400, 5.0)
     await clock.advance(4.3)
-    await client.patch_card(message_id, card("calm"))
+    await feishu.patch_card(message_id, card("calm"))
 
 
-async def test_slow_responses_still_answer(client: FeishuClient, sandbox: RunningSandbox) -> None:
-    message_id = await send(client)
+async def test_slow_responses_still_answer(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
+    message_id = await send(feishu)
     sandbox.state.faults.slow(30)
-    await client.patch_card(message_id, card("slowly"))
+    await feishu.patch_card(message_id, card("slowly"))
     sandbox.state.faults.clear()
     assert sandbox.state.messages[message_id].card == card("slowly")
 

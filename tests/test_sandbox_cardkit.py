@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage
 from tests.fakes import FakeClock
 
 CARDS = "/open-apis/cardkit/v1/cards"
@@ -116,19 +116,13 @@ def answer_text(card: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig()  # any app: a login with no id or secret gets a token
 
 
 @pytest.fixture
-def config() -> SandboxConfig:
-    return SandboxConfig()
-
-
-@pytest.fixture
-async def sandbox(config: SandboxConfig, clock: FakeClock) -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(config, clock=clock.monotonic) as running:
-        yield running
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # streaming windows and entity lifetimes move only when a test advances
 
 
 @pytest.fixture
@@ -371,7 +365,7 @@ async def test_sequence_must_be_an_int32(api: Api) -> None:
     assert await api.content(card_id, "x", 2**31 - 1) == 0
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(cardkit_sequence_gaps=False)])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(cardkit_sequence_gaps=False)])
 async def test_sequence_gaps_can_be_refused(api: Api) -> None:
     card_id = await api.create()
     assert await api.content(card_id, "a", 1 << 20) == 0  # the first sequence may start anywhere
@@ -453,7 +447,7 @@ async def test_a_full_update_keeps_an_open_window_and_opens_a_closed_one(api: Ap
     assert await api.content(card_id, "streams again", 4) == 0
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(time_scale=60)])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(time_scale=60)])
 async def test_the_window_runs_on_scaled_sandbox_time(api: Api, clock: FakeClock) -> None:
     card_id = await api.create()
     await clock.advance(9.9)  # 594 sandbox seconds
@@ -493,7 +487,7 @@ async def test_ten_operations_per_second_per_card(api: Api, clock: FakeClock) ->
     assert await api.content(card_id, "next second", 11) == 0
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(app_per_second=3, cardkit_per_card_qps=math.inf)])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(app_per_second=3, cardkit_per_card_qps=math.inf)])
 async def test_each_cardkit_api_has_its_own_app_budget(api: Api, clock: FakeClock) -> None:
     card_id = await api.create()
     for sequence in range(1, 4):
@@ -508,7 +502,7 @@ async def test_each_cardkit_api_has_its_own_app_budget(api: Api, clock: FakeCloc
     assert await api.content(card_id, "again", 6) == 0
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(app_per_second=math.inf, app_per_minute=2)])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(app_per_second=math.inf, app_per_minute=2)])
 async def test_create_has_a_per_minute_budget(api: Api) -> None:
     await api.create()
     await api.create()
@@ -516,7 +510,7 @@ async def test_create_has_a_per_minute_budget(api: Api) -> None:
     assert (status, answer["code"]) == (429, 99991400)
 
 
-@pytest.mark.parametrize("config", [SandboxConfig(cardkit_scope=False)])
+@pytest.mark.parametrize("sandbox_config", [SandboxConfig(cardkit_scope=False)])
 async def test_missing_scope_refuses_every_cardkit_call(api: Api) -> None:
     status, answer, _ = await api.call("POST", CARDS, create_body(entity_card()))
     assert (status, answer["code"]) == (400, 99991672)

@@ -15,7 +15,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,11 @@ from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.demo import tiny_png
 from feishu_progress.feishu.client import FeishuClient
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, preview, run_sandbox
+from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, preview
 from feishu_progress.sandbox.preview import MessageFeed, image_keys
 from feishu_progress.sandbox.state import CARD_INVALID, MESSAGE_RATE_LIMITED
 from tests.fakes import FakeClock
+from tests.rigs import eventually
 
 KEY, VTOKEN, API_TOKEN = "preview-encrypt-key", "preview-verification-token", "preview-api-token"
 REQUESTER, BYSTANDER = "ou_alice", "ou_bob"
@@ -60,10 +61,8 @@ def sandbox_settings(tmp_path: Path, *, api_token: str | None = API_TOKEN) -> Se
 
 
 @pytest.fixture
-async def client(tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[TestClient[Any, Any]]:
-    app = create_app(sandbox_settings(tmp_path), registry=CollectorRegistry())
-    test_client: TestClient[Any, Any] = await aiohttp_client(app)
-    yield test_client
+def app_settings(tmp_path: Path) -> Settings:
+    return sandbox_settings(tmp_path)  # no sandbox of the test's: the service runs its own
 
 
 def running_sandbox(client: TestClient[Any, Any]) -> RunningSandbox:
@@ -94,9 +93,9 @@ async def actions(client: TestClient[Any, Any], session_id: int) -> list[dict[st
 
 async def wait_for_actions(client: TestClient[Any, Any], session_id: int, count: int) -> list[dict[str, Any]]:
     """The action log once it holds ``count`` entries (it is written in the background)."""
-    async with asyncio.timeout(5):
-        while len(found := await actions(client, session_id)) < count:
-            await asyncio.sleep(0)  # yield to the background writer; bounded by the timeout above
+    found: list[dict[str, Any]] = await eventually(
+        lambda: actions(client, session_id), until=lambda found: len(found) >= count, timeout=5, interval=0
+    )
     return found
 
 
@@ -104,15 +103,18 @@ async def wait_for_actions(client: TestClient[Any, Any], session_id: int, count:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(), clock=FakeClock().monotonic) as running:
-        yield running
+def sandbox_config() -> SandboxConfig:
+    return SandboxConfig()  # any app: the client below logs in with no id or secret
 
 
 @pytest.fixture
-async def feishu(sandbox: RunningSandbox) -> AsyncIterator[FeishuClient]:
-    async with FeishuClient(FeishuSettings(base_url=sandbox.base_url), clock=FakeClock()) as opened:
-        yield opened
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # time stands still: a burst of PATCHes falls in one rate window
+
+
+@pytest.fixture
+def feishu_clock(clock: FakeClock) -> FakeClock:
+    return clock
 
 
 async def test_listeners_hear_every_accepted_and_refused_change(
@@ -375,9 +377,8 @@ async def test_events_stream_a_snapshot_then_each_change(
                 if "streamed-marker" in json.dumps(update["card"], ensure_ascii=False):
                     break
     assert update["updates"] >= before
-    async with asyncio.timeout(5):  # the page left: its stream notices and unsubscribes
-        while state.listeners:
-            await asyncio.sleep(0)
+    # The page left: its stream notices and unsubscribes.
+    await eventually(lambda: not state.listeners, timeout=5, interval=0)
 
 
 # --- clicks --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,12 @@ from pydantic import SecretStr
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError
 from feishu_progress.feishu.client import INSTANCE_HEADER, FeishuClient
-from feishu_progress.sandbox import RunningSandbox, SandboxConfig, run_sandbox
+from feishu_progress.sandbox import RunningSandbox
 from tests import cluster_harness as harness
 from tests.cluster_harness import Cluster
 from tests.fakes import FakeClock
+from tests.rigs import eventually
 from tests.test_sandbox_cardkit import Api, entity_card
-
-APP_ID, APP_SECRET = "cli_updates", "updates-secret"
 
 
 def card(text: str) -> dict[str, Any]:
@@ -35,31 +34,14 @@ def card(text: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def config() -> SandboxConfig:
-    return SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-
-
-@pytest.fixture
-async def sandbox(config: SandboxConfig, clock: FakeClock) -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(config, clock=clock.monotonic) as running:
-        yield running
+def sandbox_clock(clock: FakeClock) -> Callable[[], float]:
+    return clock.monotonic  # arrival and answer times in the log are the test's fake time
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-def settings_for(sandbox: RunningSandbox) -> FeishuSettings:
-    return FeishuSettings(
-        base_url=sandbox.base_url, app_id=APP_ID, app_secret=SecretStr(APP_SECRET), timeout_seconds=5.0
-    )
 
 
 async def log_of(http: aiohttp.ClientSession, sandbox: RunningSandbox, query: str = "") -> dict[str, Any]:
@@ -69,20 +51,15 @@ async def log_of(http: aiohttp.ClientSession, sandbox: RunningSandbox, query: st
         return body
 
 
-async def until(condition: Any, what: str) -> None:
-    """Wait (bounded) for something another task does over real sockets."""
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
 async def test_each_update_names_its_instance_its_times_its_answer_and_the_card_it_showed(
-    sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
+    sandbox: RunningSandbox,
+    clock: FakeClock,
+    http: aiohttp.ClientSession,
+    feishu_settings: FeishuSettings,
 ) -> None:
     async with (
-        FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-a") as a,
-        FeishuClient(settings_for(sandbox), clock=clock) as anonymous,
+        FeishuClient(feishu_settings, clock=clock, instance_id="fp-a") as a,
+        FeishuClient(feishu_settings, clock=clock) as anonymous,
     ):
         message_id = await a.send_card("oc_chat", "chat_id", card("v0"), "u-1")
         await a.patch_card(message_id, card("v1"))
@@ -112,17 +89,24 @@ async def test_each_update_names_its_instance_its_times_its_answer_and_the_card_
 
 
 async def test_an_update_arriving_while_another_is_in_flight_is_marked(
-    sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
+    sandbox: RunningSandbox,
+    clock: FakeClock,
+    http: aiohttp.ClientSession,
+    feishu_settings: FeishuSettings,
 ) -> None:
     async with (
-        FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-a") as a,
-        FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-b") as b,
+        FeishuClient(feishu_settings, clock=clock, instance_id="fp-a") as a,
+        FeishuClient(feishu_settings, clock=clock, instance_id="fp-b") as b,
     ):
         message_id = await a.send_card("oc_chat", "chat_id", card("v0"), "u-1")
         other_id = await a.send_card("oc_chat", "chat_id", card("w0"), "u-2")
         sandbox.state.faults.hang(1)  # fp-a's PATCH is held inside the sandbox, unanswered
         held = asyncio.create_task(a.patch_card(message_id, card("v1")))
-        await until(lambda: message_id in sandbox.state.updates.by_target, "the held PATCH to arrive")
+        await eventually(
+            lambda: message_id in sandbox.state.updates.by_target,
+            timeout=5,
+            what="the held PATCH to arrive",
+        )
         await b.patch_card(message_id, card("v2"))  # same message while fp-a's is in flight
         await b.patch_card(other_id, card("w1"))  # another message: no overlap
         sandbox.state.faults.release_hangs()
@@ -140,9 +124,12 @@ async def test_an_update_arriving_while_another_is_in_flight_is_marked(
 
 
 async def test_an_update_whose_client_died_mid_body_is_abandoned_not_in_flight_forever(
-    sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
+    sandbox: RunningSandbox,
+    clock: FakeClock,
+    http: aiohttp.ClientSession,
+    feishu_settings: FeishuSettings,
 ) -> None:
-    async with FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-a") as a:
+    async with FeishuClient(feishu_settings, clock=clock, instance_id="fp-a") as a:
         message_id = await a.send_card("oc_chat", "chat_id", card("v0"), "u-1")
         token = await a.tokens.get()
     host, port = sandbox.base_url.removeprefix("http://").split(":")
@@ -154,20 +141,29 @@ async def test_an_update_whose_client_died_mid_body_is_abandoned_not_in_flight_f
         '{"content": "'.encode()
     )
     await writer.drain()
-    await until(lambda: message_id in sandbox.state.updates.by_target, "the update to arrive")
+    await eventually(
+        lambda: message_id in sandbox.state.updates.by_target,
+        timeout=5,
+        what="the update to arrive",
+    )
     writer.transport.abort()
     (record,) = sandbox.state.updates.by_target[message_id]
-    await until(lambda: record.abandoned is not None, "the update to be abandoned")
+    await eventually(
+        lambda: record.abandoned is not None, timeout=5, interval=0.005, what="the update to be abandoned"
+    )
     assert record.answered is None and record.code is None
     assert len(sandbox.state.messages[message_id].history) == 1  # it changed nothing
     del reader
 
 
 async def test_rate_limit_answers_are_counted(
-    sandbox: RunningSandbox, clock: FakeClock, http: aiohttp.ClientSession
+    sandbox: RunningSandbox,
+    clock: FakeClock,
+    http: aiohttp.ClientSession,
+    feishu_settings: FeishuSettings,
 ) -> None:
     sandbox.state.config.per_message_qps = 1
-    async with FeishuClient(settings_for(sandbox), clock=clock, instance_id="fp-a") as a:
+    async with FeishuClient(feishu_settings, clock=clock, instance_id="fp-a") as a:
         message_id = await a.send_card("oc_chat", "chat_id", card("v0"), "u-1")
         await a.patch_card(message_id, card("v1"))
         with pytest.raises(FeishuAPIError) as refused:

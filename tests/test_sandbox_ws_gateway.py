@@ -24,8 +24,8 @@ from feishu_progress.feishu.ws_protocol import ENDPOINT_PATH, ClientConfig
 from feishu_progress.sandbox.clicks import card_action_payload
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from tests.rigs import APP_ID, APP_SECRET
 
-APP_ID, APP_SECRET = "cli_gw", "gw-secret"
 CONFIG = ClientConfig(reconnect_count=-1, reconnect_interval=7, reconnect_nonce=0, ping_interval=9)
 WAIT = 5.0  # every receive is bounded
 
@@ -99,10 +99,8 @@ def test_unknown_fields_are_skipped() -> None:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-    async with run_sandbox(config, ws_client_config=CONFIG) as running:
-        yield running
+def sandbox_ws_config() -> ClientConfig:
+    return CONFIG  # not the gateway's defaults: the tests read these values back from discovery
 
 
 @pytest.fixture

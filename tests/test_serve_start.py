@@ -20,6 +20,7 @@ import pytest
 from feishu_progress.cli import build_parser
 from feishu_progress.config import setting_names
 from feishu_progress.db.engine import Database
+from tests.rigs import answers_200, eventually
 from tests.service_process import free_port
 from tests.test_holder import holder_row
 
@@ -83,15 +84,11 @@ async def first_serve(tmp_path: Path) -> AsyncIterator[tuple[int, int]]:
         env=serve_env(tmp_path, "one.db", port, admin_port), cwd=tmp_path,
     )  # fmt: skip
     try:
-        async with aiohttp.ClientSession() as http, asyncio.timeout(60):
-            while True:
-                try:
-                    async with http.get(f"http://127.0.0.1:{admin_port}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as http:
+            ready = f"http://127.0.0.1:{admin_port}/readyz"
+            await eventually(
+                lambda: answers_200(http, ready), timeout=60, interval=0.2, what=f"{ready} to answer"
+            )
         yield port, admin_port
     finally:
         process.terminate()

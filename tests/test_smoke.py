@@ -11,14 +11,11 @@ from prometheus_client import CollectorRegistry
 from feishu_progress.app import create_app
 from feishu_progress.config import ApiSettings, Settings
 from feishu_progress.db.migrate import upgrade
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from feishu_progress.smoke import SmokeOptions, run_smoke
 from feishu_progress.web.http import serving
 from tests import test_doctor
 from tests.test_doctor import (
-    APP_ID,
-    APP_SECRET,
     RESEARCH_ENV,
     _research_file,
     _settings,
@@ -28,12 +25,6 @@ pytestmark = pytest.mark.slow  # a serve subprocess per test
 
 CHAT, REQUESTER = "oc_smoke", "ou_operator"
 research = test_doctor.research  # the second app's sandbox, shared with the doctor tests
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +27,7 @@ from sqlalchemy.pool import NullPool
 
 from feishu_progress.app import ADMIN_URL, SERVICES, create_app
 from feishu_progress.config import (
-    AdminSettings,
-    ApiSettings,
     CardSettings,
-    FeishuSettings,
-    HttpSettings,
     Settings,
     SubagentsSettings,
 )
@@ -40,15 +35,13 @@ from feishu_progress.db.engine import Database
 from feishu_progress.db.models import SubagentExecution
 from feishu_progress.errors import ConfigError
 from feishu_progress.runtime.applier import attached_execution_id
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from feishu_progress.subagents.attach import agent_tables, open_agent_database, read_only_url
 from feishu_progress.subagents.manager import SubagentManager
 from feishu_progress.subagents.query import list_running_by_parent, list_running_by_parents
-from tests.conftest import fresh_mysql_database
+from tests.conftest import fresh_mysql_database, sqlite_url
+from tests.rigs import AUTH, app_settings_for, eventually
 
-APP_ID, APP_SECRET, API_TOKEN = "cli_attach", "secret", "api-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 PARENT = 7_000_000_123  # the agent's own session id of the task
 OTHER_PARENT = 7_000_000_999
 HEADING = "**子代理 · {count} 个运行中**"
@@ -341,33 +334,18 @@ async def test_a_tracked_round_is_forgotten_once_the_agent_no_longer_lists_it(
 # -- the whole app --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
-
-
 def _settings(tmp_path: Path, sandbox: RunningSandbox, agent_url: str) -> Settings:
-    return Settings(
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'service.db'}",
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url, app_id=APP_ID, app_secret=APP_SECRET, verification_token="vt"
-        ),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token=API_TOKEN),
+    return app_settings_for(
+        sandbox,
+        sqlite_url(tmp_path / "service.db"),
         card=CardSettings(locales=("zh_cn",)),
         subagents=SubagentsSettings(database_url=agent_url),
     )
 
 
 @pytest.fixture
-async def client(
-    agent: AgentDatabase, sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any
-) -> TestClient[Any, Any]:
-    app = create_app(_settings(tmp_path, sandbox, agent.reader_url), registry=CollectorRegistry())
-    test_client: TestClient[Any, Any] = await aiohttp_client(app)
-    return test_client
+def app_settings(agent: AgentDatabase, sandbox: RunningSandbox, tmp_path: Path) -> Settings:
+    return _settings(tmp_path, sandbox, agent.reader_url)
 
 
 async def _create(
@@ -407,10 +385,12 @@ async def _card_section(
     sandbox: RunningSandbox, message_id: str, expected: str | None, timeout: float = 5.0
 ) -> None:
     """Wait (bounded) until the card Feishu last received shows ``expected`` as its 子代理 section."""
-    deadline = time.monotonic() + timeout
-    while (section := _subagent_section(sandbox.state.messages[message_id].card)) != expected:
-        assert time.monotonic() < deadline, f"the card shows {section!r}, not {expected!r}"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: _subagent_section(sandbox.state.messages[message_id].card),
+        until=lambda section: section == expected,
+        timeout=timeout,
+        what=f"the card's 子代理 section to be {expected!r}",
+    )
 
 
 async def test_the_card_shows_exactly_the_agents_running_subagents(
@@ -532,10 +512,7 @@ async def test_an_unreachable_agent_database_fails_readyz_and_only_hides_the_sec
     await _events(
         client, {"type": "subagent_started", "task_id": "1"}, {"type": "content", "text": "正文照常"}
     )
-    deadline = time.monotonic() + 5
-    while "正文照常" not in str(sandbox.state.messages[message_id].card):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(lambda: "正文照常" in str(sandbox.state.messages[message_id].card), timeout=5)
     assert _subagent_section(sandbox.state.messages[message_id].card) is None
     admin_url = client.app[ADMIN_URL]
     async with aiohttp.ClientSession() as http, http.get(f"{admin_url}/readyz") as response:

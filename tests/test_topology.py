@@ -8,46 +8,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from feishu_progress.cluster.clicks import ClusterClicks
-from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
+from feishu_progress.config import Settings
 from feishu_progress.embedded import EmbeddedService
 from feishu_progress.errors import ForwardFailed, NotWritableHere, OwnedElsewhere
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.runtime.card_actions import CardActions
 from feishu_progress.runtime.task import Task
-from feishu_progress.sandbox.server import run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.topology import AlwaysTheWriter, SingleInstance
+from tests.rigs import eventually
 
 REQUESTER = "ou_requester"
 WRITER = "http://writer.invalid:8000"
 
 
 @pytest.fixture
-async def fp(tmp_path: Path) -> AsyncIterator[EmbeddedService]:
-    async with run_sandbox(SandboxConfig(app_id="cli_t", app_secret="s")) as sandbox:
-        settings = Settings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 't.db'}",
-            feishu=FeishuSettings(
-                base_url=sandbox.base_url, app_id="cli_t", app_secret="s", verification_token="v"
-            ),
-            http=HttpSettings(host="127.0.0.1", port=0),
-            admin=AdminSettings(host="127.0.0.1", port=0),
-            api=ApiSettings(token="api-token"),
-        )
-        async with EmbeddedService(settings, serve_http=False) as service:
-            yield service
-
-
-async def _until(condition: Any, seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not condition():
-            await asyncio.sleep(0.02)
+async def fp(app_settings: Settings) -> AsyncIterator[EmbeddedService]:
+    async with EmbeddedService(app_settings, serve_http=False) as service:
+        yield service
 
 
 async def test_single_mode_is_built_with_the_null_topology(fp: EmbeddedService) -> None:
@@ -64,7 +46,7 @@ async def test_two_lookups_of_an_evicted_streamed_task_both_find_it(fp: Embedded
     created = await fp.create_task(receive_id="oc_1", receive_id_type="chat_id", requester_open_id=REQUESTER)
     await fp.post_events(created.session_id, [{"type": "finished", "status": "COMPLETED", "content": "done"}])
     registry = fp.services.service.registry
-    await _until(lambda: registry.get(created.session_id) is None)  # final delivered: evicted
+    await eventually(lambda: registry.get(created.session_id) is None)  # final delivered: evicted
     first, second = await asyncio.gather(
         fp.services.service.task(created.session_id), fp.services.service.task(created.session_id)
     )

@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 from opentelemetry.context import Context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
@@ -28,21 +27,14 @@ from prometheus_client import CollectorRegistry
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.cluster.forward import FORWARDED_HEADER, Forwarder
 from feishu_progress.config import (
-    AdminSettings,
-    ApiSettings,
     CardSettings,
-    FeishuSettings,
-    HttpSettings,
     Settings,
 )
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from feishu_progress.tracing import MAX_LINKS, CardTraces, provider_from_env, traces_endpoint
 from feishu_progress.web.http import serving
-
-APP_ID, APP_SECRET, API_TOKEN = "cli_traces", "traces-secret", "traces-token"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
-Client = TestClient[Any, Any]
+from tests.conftest import sqlite_url
+from tests.rigs import API_TOKEN, APP_SECRET, AUTH, Client, app_settings_for, eventually
 
 
 class Started(SpanProcessor):
@@ -69,12 +61,10 @@ class Traces:
     async def wait_for(
         self, name: str, match: Callable[[ReadableSpan], bool] = lambda span: True
     ) -> ReadableSpan:
-        async with asyncio.timeout(15):
-            while True:
-                found = [span for span in self.ended(name) if match(span)]
-                if found:
-                    return found[0]
-                await asyncio.sleep(0.02)
+        found = await eventually(
+            lambda: [span for span in self.ended(name) if match(span)], timeout=15, what=f"a {name!r} span"
+        )
+        return found[0]
 
 
 def runtime_parent(n: int) -> tuple[dict[str, str], int, int]:
@@ -88,27 +78,9 @@ def traces() -> Traces:
     return Traces()
 
 
-@pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)) as running:
-        yield running
-
-
 def settings_for(sandbox: RunningSandbox, tmp_path: Path, transport: str) -> Settings:
-    return Settings(
-        _env_file=None,
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'traces.db'}",
-        feishu=FeishuSettings(
-            base_url=sandbox.base_url,
-            app_id=APP_ID,
-            app_secret=APP_SECRET,
-            encrypt_key="k",
-            verification_token="v",
-        ),
-        card=CardSettings(transport=transport),
-        http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
-        api=ApiSettings(token=API_TOKEN),
+    return app_settings_for(
+        sandbox, sqlite_url(tmp_path / "traces.db"), _env_file=None, card=CardSettings(transport=transport)
     )
 
 
@@ -185,9 +157,7 @@ async def test_a_write_is_in_the_trace_of_the_newest_batch_it_shows_and_links_th
     sandbox.state.faults.hang(1, endpoints=("patch",))  # the write of batch B hangs...
     first, _, _ = runtime_parent(2)
     await post_events(client, session_id, first, delta("one "))
-    async with asyncio.timeout(10):
-        while patch not in traces.started.names:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: patch in traces.started.names, timeout=10)
     second, _, _ = runtime_parent(3)  # ...while two more batches arrive: the next write shows all three
     newest, newest_trace, _ = runtime_parent(4)
     await post_events(client, session_id, second, delta("two "))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,26 +20,22 @@ from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.ws import SILENT_PING_INTERVALS, ConnectionState, LongConnection
 from feishu_progress.feishu.ws_protocol import ClientConfig
 from feishu_progress.sandbox.clicks import card_action_payload
-from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
-from feishu_progress.sandbox.state import SandboxConfig
+from feishu_progress.sandbox.server import RunningSandbox
 from feishu_progress.sandbox.ws_gateway import FrameAnswer
 from tests.fakes import FakeClock
+from tests.rigs import APP_ID, APP_SECRET, eventually
 from tests.test_callback_support import RecordingHandler
 
 pytestmark = pytest.mark.ws
 
-APP_ID, APP_SECRET = "cli_ws_client", "ws-client-secret"
 LOCALES = ("zh_cn", "en_us")
 FAST = ClientConfig(reconnect_count=-1, reconnect_interval=1, reconnect_nonce=0, ping_interval=1)
 ANSWER_SECONDS = 3.0  # Feishu's deadline for a click's answer
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    async with run_sandbox(
-        SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET), ws_client_config=FAST
-    ) as running:
-        yield running
+def sandbox_ws_config() -> ClientConfig:
+    return FAST
 
 
 def _connection(
@@ -53,16 +48,9 @@ def _connection(
     return LongConnection("research", feishu, pipeline, max_payload_bytes=1 << 20)
 
 
-async def _until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def _started(sandbox: RunningSandbox, connection: LongConnection) -> LongConnection:
     connection.start()
-    await _until(lambda: sandbox.gateway.connection_count == 1, 10, "the connection")
+    await eventually(lambda: sandbox.gateway.connection_count == 1, 10, "the connection")
     return connection
 
 
@@ -166,7 +154,7 @@ async def test_a_dropped_connection_comes_back_and_a_click_pushed_meanwhile_is_a
     try:
         sandbox.gateway.available = False  # discovery answers 503 while Feishu is away
         assert await sandbox.gateway.drop_all() == 1
-        await _until(lambda: "down" in (connection.problem() or ""), 5, "the client to see the drop")
+        await eventually(lambda: "down" in (connection.problem() or ""), 5, "the client to see the drop")
         pushed = await sandbox.gateway.push(_click())
         await asyncio.sleep(1.5)  # at least one retry refused
         assert sandbox.gateway.connects == 1 and not pushed.answer.done()
@@ -183,8 +171,8 @@ async def test_a_silent_gateway_is_left_for_a_new_connection(sandbox: RunningSan
     try:
         sandbox.gateway.answer_pings = False  # connected, but nothing comes back: a dead path
         silent = SILENT_PING_INTERVALS * FAST.ping_interval
-        await _until(lambda: sandbox.gateway.connects >= 2, silent + 3, "a reconnect")
-        await _until(lambda: sandbox.gateway.connection_count == 1, 3, "the old connection to close")
+        await eventually(lambda: sandbox.gateway.connects >= 2, silent + 3, "a reconnect")
+        await eventually(lambda: sandbox.gateway.connection_count == 1, 3, "the old connection to close")
     finally:
         assert await connection.stop(5)
 
@@ -193,7 +181,7 @@ async def test_a_refused_secret_is_reported_and_retried_not_fatal(sandbox: Runni
     connection = _connection(sandbox, RecordingHandler(), secret="wrong-secret")
     connection.start()
     try:
-        await _until(lambda: "refused" in (connection.problem() or ""), 5, "the refusal")
+        await eventually(lambda: "refused" in (connection.problem() or ""), 5, "the refusal")
         assert "10014" in (connection.problem() or "")
         assert (sandbox.gateway.discoveries, sandbox.gateway.connects) == (1, 0)
     finally:
@@ -207,7 +195,7 @@ async def test_stop_ends_a_client_still_waiting_for_feishu(sandbox: RunningSandb
     sandbox.gateway.available = False  # Feishu down at startup
     connection = _connection(sandbox, RecordingHandler())
     connection.start()
-    await _until(lambda: sandbox.gateway.discoveries >= 1, 5, "a discovery attempt")
+    await eventually(lambda: sandbox.gateway.discoveries >= 1, 5, "a discovery attempt")
     assert connection.problem() == "long connection not established yet"
     started = time.monotonic()
     assert await connection.stop(5)

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from feishu_progress.app import ADMIN_URL, SERVICES, create_app
+from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, FeishuSettings, HttpSettings, Settings
 from feishu_progress.feishu.ws import SILENT_PING_INTERVALS
 from feishu_progress.feishu.ws_protocol import ClientConfig
@@ -27,19 +26,16 @@ from feishu_progress.sandbox.clicks import card_action_payload, signed_request
 from feishu_progress.sandbox.server import RunningSandbox, run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from feishu_progress.sandbox.ws_gateway import Delivery
+from tests.rigs import API_TOKEN, APP_ID, APP_SECRET, AUTH, VERIFICATION_TOKEN, Client, eventually, readyz
 from tests.test_multi_app import APPS, set_app_env, settings_for
 
 pytestmark = pytest.mark.ws
 
-APP_ID, APP_SECRET, VTOKEN, API_TOKEN = "cli_ws", "ws-secret", "ws-verification", "ws-api-token"
 REQUESTER, CHAT = "ou_requester", "oc_ws"
-AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 # Feishu's own values are 120 s / 30 s / 120 s; the sandbox's are short so a reconnect takes ~1 s.
 FAST = ClientConfig(reconnect_count=-1, reconnect_interval=1, reconnect_nonce=0, ping_interval=1)
 CONNECT_SECONDS = 10.0
 FEISHU_DEADLINE_SECONDS = 3.0
-
-Client = TestClient[Any, Any]
 
 
 def _receivers() -> list[asyncio.Task[object]]:
@@ -57,10 +53,8 @@ async def no_receiver_outlives_its_test() -> AsyncIterator[None]:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[RunningSandbox]:
-    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
-    async with run_sandbox(config, ws_client_config=FAST) as running:
-        yield running
+def sandbox_ws_config() -> ClientConfig:
+    return FAST
 
 
 def _settings(sandbox: RunningSandbox, tmp_path: Path) -> Settings:
@@ -71,7 +65,7 @@ def _settings(sandbox: RunningSandbox, tmp_path: Path) -> Settings:
             base_url=sandbox.base_url,
             app_id=APP_ID,
             app_secret=APP_SECRET,
-            verification_token=VTOKEN,
+            verification_token=VERIFICATION_TOKEN,
             mode="ws",
         ),
         http=HttpSettings(host="127.0.0.1", port=0),
@@ -81,20 +75,14 @@ def _settings(sandbox: RunningSandbox, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-async def client(sandbox: RunningSandbox, tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[Client]:
-    test_client: Client = await aiohttp_client(
-        create_app(_settings(sandbox, tmp_path), registry=CollectorRegistry())
-    )
-    await _until(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
-    yield test_client
+def app_settings(sandbox: RunningSandbox, tmp_path: Path) -> Settings:
+    return _settings(sandbox, tmp_path)
 
 
-async def _until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        await asyncio.sleep(0.02)
+@pytest.fixture
+async def connected(client: Client, sandbox: RunningSandbox) -> None:
+    """The ``client`` app's long connection is up."""
+    await eventually(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
 
 
 async def _create_task(client: Client, app: str | None = None) -> tuple[int, str]:
@@ -113,30 +101,21 @@ async def _push_cancel(sandbox: RunningSandbox, session_id: int, message_id: str
         message_id=message_id,
         chat_id=CHAT,
         value={"v": 1, "action": "cancel", "session_id": session_id},
-        verification_token=VTOKEN,  # over the long connection: no encryption, no signature
+        verification_token=VERIFICATION_TOKEN,  # over the long connection: no encryption, no signature
         now=time.time(),
     )
     return await sandbox.gateway.push(payload)
 
 
-async def _readyz(client: Client) -> tuple[int, dict[str, Any]]:
-    admin_url = client.server.app[ADMIN_URL]
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
-        http.get(f"{admin_url}/readyz") as response,
-    ):
-        return response.status, await response.json()
-
-
 async def _until_ready(client: Client, ready: bool, seconds: float) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        status, body = await _readyz(client)
-        if (status == 200) == ready:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"/readyz still {status} {body} after {seconds} s")
-        await asyncio.sleep(0.05)
+    """/readyz's body once it says ``ready`` (200) or not (503)."""
+    _, body = await eventually(
+        lambda: readyz(client),
+        seconds,
+        f"/readyz to be {'200' if ready else 'not 200'}",
+        until=lambda answer: (answer[0] == 200) == ready,
+    )
+    return body
 
 
 async def _actions(client: Client, session_id: int) -> list[tuple[str, str]]:
@@ -145,6 +124,7 @@ async def _actions(client: Client, session_id: int) -> list[tuple[str, str]]:
     return [(action["kind"], action["operator_open_id"]) for action in log["actions"]]
 
 
+@pytest.mark.usefixtures("connected")
 async def test_a_click_as_an_event_frame_is_answered_by_the_card_actions_within_3_s(
     client: Client, sandbox: RunningSandbox
 ) -> None:
@@ -161,15 +141,17 @@ async def test_a_click_as_an_event_frame_is_answered_by_the_card_actions_within_
     assert registry.get_sample_value("fp_callback_latency_seconds_count") == 1
 
 
+@pytest.mark.usefixtures("connected")
 async def test_no_webhook_route_is_open_in_ws_mode(client: Client) -> None:
     payload = card_action_payload(
-        open_id=REQUESTER, message_id="om_x", value={}, verification_token=VTOKEN, now=time.time()
+        open_id=REQUESTER, message_id="om_x", value={}, verification_token=VERIFICATION_TOKEN, now=time.time()
     )
     body, headers = signed_request(payload, encrypt_key=None, now=time.time())
     response = await client.post("/feishu/callback", data=body, headers=headers)
     assert response.status == 404
 
 
+@pytest.mark.usefixtures("connected")
 async def test_readyz_follows_the_connection_and_a_click_during_an_outage_is_not_lost(
     client: Client, sandbox: RunningSandbox
 ) -> None:
@@ -193,6 +175,7 @@ async def test_readyz_follows_the_connection_and_a_click_during_an_outage_is_not
     assert await _actions(client, session_id) == [("cancel", REQUESTER)]
 
 
+@pytest.mark.usefixtures("connected")
 async def test_a_gateway_that_stops_answering_pings_is_left_and_readyz_says_so(
     client: Client, sandbox: RunningSandbox
 ) -> None:
@@ -213,12 +196,12 @@ async def test_stopping_the_app_stops_the_receiver_and_closes_its_connection(
 ) -> None:
     app = create_app(_settings(sandbox, tmp_path), registry=CollectorRegistry())
     async with TestClient(TestServer(app)):
-        await _until(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
+        await eventually(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
         assert len(_receivers()) == 1
         started = time.monotonic()
     assert time.monotonic() - started < 5  # the whole app shutdown, receiver first
     assert _receivers() == []
-    await _until(lambda: sandbox.gateway.connection_count == 0, 5, "the gateway to see the close")
+    await eventually(lambda: sandbox.gateway.connection_count == 0, 5, "the gateway to see the close")
 
 
 async def test_without_credentials_ws_mode_connects_to_the_in_process_sandboxs_gateway(
@@ -235,7 +218,7 @@ async def test_without_credentials_ws_mode_connects_to_the_in_process_sandboxs_g
     async with TestClient(TestServer(app)) as client:
         sandbox = app[SERVICES].sandbox
         assert sandbox is not None
-        await _until(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
+        await eventually(lambda: sandbox.gateway.connection_count == 1, CONNECT_SECONDS, "the first connect")
         response = await client.post(
             "/v1/tasks",
             json={"receive_id": CHAT, "receive_id_type": "chat_id", "requester_open_id": REQUESTER},
@@ -279,7 +262,9 @@ async def two_apps(
     apps_file.write_text(apps_file.read_text().replace('mode = "webhook"', 'mode = "ws"'))
     test_client: Client = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
     gateways = [sandbox.gateway for sandbox in two_sandboxes.values()]
-    await _until(lambda: all(g.connection_count == 1 for g in gateways), CONNECT_SECONDS, "both connections")
+    await eventually(
+        lambda: all(g.connection_count == 1 for g in gateways), CONNECT_SECONDS, "both connections"
+    )
     return test_client
 
 
