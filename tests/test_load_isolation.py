@@ -311,7 +311,7 @@ async def test_a_url_that_stalls_or_trickles_gives_up_and_the_card_says_unreacha
     tmp_path: Path, aiohttp_client: Any, slow_images: SlowImages, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = _image_settings(
-        tmp_path, fetch_first_byte_seconds=0.3, fetch_min_bytes_per_second=1000, fetch_timeout_seconds=60
+        tmp_path, fetch_first_byte_seconds=1.0, fetch_min_bytes_per_second=1000, fetch_timeout_seconds=60
     )
     client: TestClient[Any, Any] = await aiohttp_client(create_app(settings, registry=CollectorRegistry()))
     images = [
