@@ -16,11 +16,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Mapping
+from typing import Any
 
+from feishu_progress.cards.builder import BuiltCard
+from feishu_progress.feishu.patch_writer import PatchWriter
 from feishu_progress.ports import SystemClock
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.state import TaskState
+
+
+class _NoClient:
+    """Nothing is written here: the bench measures applying events and snapshots."""
+
+    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> None:
+        raise AssertionError("state_micro writes no card")
 
 
 def held(tools: int) -> tuple[TaskState, LiveCard]:
@@ -33,7 +44,11 @@ def held(tools: int) -> tuple[TaskState, LiveCard]:
         state.apply(ev.ToolFinishedEvent(type="tool_finished", call_id=f"old{i}", result=result))
     state.apply(ev.ContentEvent(type="content", text="正文" * 500))
     card = LiveCard(
-        CardContext(1, "om"), clock=SystemClock(), build_card=lambda m: {}, build_degraded_card=lambda m: {}
+        CardContext(1, "om"),
+        writer=PatchWriter(_NoClient(), "om", interval=0.25),
+        clock=SystemClock(),
+        build_card=lambda m: BuiltCard({}),
+        build_degraded_card=lambda m: BuiltCard({}),
     )
     return state, card
 

@@ -39,16 +39,17 @@ from feishu_progress.db.repo import (
 )
 from feishu_progress.domain import SubagentSummary
 from feishu_progress.errors import ConfigError, StartupRefused
-from feishu_progress.feishu.cardkit_sink import CardKitWriter
 from feishu_progress.feishu.client import FeishuClient
 from feishu_progress.feishu.observe import write_observer
 from feishu_progress.feishu.pipeline import CallbackPipeline
-from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.feishu.writers import CardWriters
 from feishu_progress.feishu.ws import LongConnection
 from feishu_progress.images import ImageFetcher
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
-from feishu_progress.progress.scheduler import DeliveryGate, DeliveryScheduler
+from feishu_progress.progress.admission import Admission
+from feishu_progress.progress.rate_budget import BudgetTable
+from feishu_progress.progress.scheduler import DeliveryScheduler
 from feishu_progress.readiness import admin_deps, watch_readiness
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
@@ -374,32 +375,24 @@ async def _open_app(
         observer=write_observer(spec.name, spec.feishu.base_url, setup.metrics, setup.tracing),
     )
     stack.push_async_callback(client.close)
-    # Cluster mode: each app's writes pass the lease and its own shared budget (Redis keys per app_id).
+    # Every Open API's own budget (FP_RATE__*), spent by card writes and by the calls that are not
+    # (sends, creates, uploads) alike; cluster mode: each app's calls also pass the lease and its own
+    # shared budget (Redis keys per app_id).
+    budgets = BudgetTable(spec.rate)
     gate = topology.gate_for(spec.feishu.app_id, spec.rate)
-    scheduler = _scheduler(spec, client, clock, setup.metrics.for_app(spec.name), gate)
+    admission = Admission(budgets, clock=clock, gate=gate)
     return AppContext(
         spec=spec,
         client=client,
-        scheduler=scheduler,
-        # Uploads spend the app's image API budget (shared by the instances in cluster mode).
-        images=ImageKeys.from_settings(settings.images, client, setup.background, fetcher, scheduler),
+        scheduler=DeliveryScheduler(
+            budgets, clock=clock, metrics=setup.metrics.for_app(spec.name), gate=gate
+        ),
+        admission=admission,
+        writers=CardWriters(
+            client, spec.cardkit, clock=clock, message_interval=spec.rate.message_interval_ms / 1000
+        ),
+        images=ImageKeys.from_settings(settings.images, client, setup.background, fetcher, admission),
         cardkit_scope=CardKitScope(clock, spec.cardkit.scope_recheck_seconds),
-    )
-
-
-def _scheduler(
-    spec: AppSpec, client: FeishuClient, clock: Clock, metrics: Metrics, gate: DeliveryGate | None
-) -> DeliveryScheduler:
-    """The app's delivery scheduler: PATCHed messages and CardKit card entities, each on its own budget."""
-    message_interval = spec.rate.message_interval_ms / 1000
-    return DeliveryScheduler(
-        FeishuCardSink(client, message_interval=message_interval),
-        clock=clock,
-        rate=spec.rate,
-        metrics=metrics,
-        gate=gate,
-        streams=CardKitWriter(client, spec.cardkit, clock=clock, message_interval=message_interval),
-        cardkit=spec.cardkit,
     )
 
 
@@ -434,7 +427,7 @@ def _build_service(
     action_log = ActionLog(
         ActionRepository(db), clock, background, nudge=topology.nudge, poll_interval=topology.poll_interval
     )
-    service = TaskService(
+    return TaskService(
         registry=registry,
         creator=TaskCreator(
             settings=settings, repo=tasks, apps=apps, registry=registry, clock=clock, owner=topology.owner_id
@@ -454,15 +447,14 @@ def _build_service(
         background=background,
         max_live=settings.task.max_live,
     )
-    for app in apps:
-        app.scheduler.listener = service
-    return service
 
 
 def _start_loops(services: Services) -> None:
+    stopper, background = services.stopper, services.background
     for app in services.apps:
         app.scheduler.start()
-    stopper, background = services.stopper, services.background
+        # Until the scheduler stops (the finals it flushes at shutdown still count).
+        background.spawn(services.service.follow_card_ends(app.scheduler.ends), name=f"card-ends-{app.name}")
     background.spawn(services.service.housekeeping.run(stopper), name="housekeeping")
     background.spawn(services.service.snapshots.run(stopper), name="persist-snapshots")
     services.topology.start_loops(stopper)

@@ -2,9 +2,11 @@
 
 A card is written with the credentials, the budgets and the CardKit scope of the app that sent it, a
 callback is checked with that app's keys, and an image key is valid only for the app that uploaded it.
-So each app gets its own ``FeishuClient`` (tenant token), its own ``DeliveryScheduler`` (budgets per
-API, the outage breaker, ``paused_until``, fairness among its cards), its own image uploads (their cache
-is keyed by content digest, which is only right within one app) and its own CardKit scope fallback.
+So each app gets its own ``FeishuClient`` (tenant token), its own budget per Open API (``BudgetTable``),
+spent by its ``DeliveryScheduler`` (card writes: the outage breaker, ``paused_until``, fairness among its
+cards) and its ``Admission`` (sends, creates, uploads), its own card writers (``CardWriters``: PATCH or
+CardKit, per card), its own image uploads (their cache is keyed by content digest, which is only right
+within one app) and its own CardKit scope fallback.
 
 The task carries its app's name (``TaskState.app``, the ``task_card.app`` column); everything that acts
 on a task looks the context up here. With no apps file there is exactly one app, ``default``, built from
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from feishu_progress.config import DEFAULT_APP, CardKitSettings, FeishuSettings, RateSettings
 from feishu_progress.errors import UnknownApp, UnknownRequestedApp
 from feishu_progress.feishu.client import FeishuClient
+from feishu_progress.feishu.writers import CardWriters
 from feishu_progress.ports import Clock
+from feishu_progress.progress.admission import Admission
 from feishu_progress.progress.scheduler import DeliveryScheduler
 from feishu_progress.runtime.images import ImageKeys
 
@@ -70,11 +74,14 @@ class CardKitScope:
 
 @dataclass
 class AppContext:
-    """One app, opened: its client, its scheduler, its image uploads and its CardKit fallback."""
+    """One app, opened: its client, its budgets' two spenders, its card writers, its image uploads and
+    its CardKit fallback."""
 
     spec: AppSpec
     client: FeishuClient
     scheduler: DeliveryScheduler
+    admission: Admission
+    writers: CardWriters
     images: ImageKeys
     cardkit_scope: CardKitScope
 

@@ -1,49 +1,47 @@
 """Ports: the Protocols the core talks through. Adapters live at the edge (feishu/, subagents/).
 
-The core never sees a Feishu error code: the CardSink adapter classifies every outcome once
-(`feishu/errors.py`) and hands the scheduler a decision it can act on.
+The core never sees a Feishu error code: a card's writer (``progress/writer.py``, the port; its PATCH
+and CardKit adapters in ``feishu/``) classifies every outcome once (``feishu/errors.py``) and hands the
+scheduler a decision it can act on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 from feishu_progress.domain import SubagentSummary
 
 
 class OutcomeKind(StrEnum):
-    """What the scheduler should do after one PATCH attempt."""
+    """What the scheduler should do after one write of a card."""
 
     DELIVERED = "delivered"
     RETRY_MESSAGE = "retry_message"  # per-message limit (230020): retry the newest state after retry_after
     PAUSE_APP = "pause_app"  # gateway limit (99991400 / 429): pause the whole budget for retry_after
     BACKOFF = "backoff"  # 5xx, timeout, connection error: bounded backoff with jitter
-    STOP = "stop"  # expired / recalled / deleted: never PATCH this message again
+    STOP = "stop"  # expired / recalled / deleted: never write this card again
     DEGRADE = "degrade"  # too large / invalid card: resend once as a minimal card
-    PARTIAL = "partial"  # CardKit: the text went out, the rest of the card is due after retry_after
+    PARTIAL = "partial"  # the write went out, but the writer owes more of the card after retry_after
+    NOT_NOW = "not_now"  # this instance may not write now (cluster mode: no lease): the state waits
 
 
 @dataclass(frozen=True, slots=True)
-class PatchOutcome:
+class WriteOutcome:
+    """How one write of a card went, as the scheduler acts on it."""
+
     kind: OutcomeKind
     retry_after: float = 0.0  # seconds; meaningful for RETRY_MESSAGE, PAUSE_APP and PARTIAL
     code: int | None = None  # the Feishu code or HTTP status behind it, for logs and metrics
     reason: str = ""
 
     @classmethod
-    def delivered(cls) -> PatchOutcome:
+    def delivered(cls) -> WriteOutcome:
         return cls(OutcomeKind.DELIVERED)
-
-
-class CardSink(Protocol):
-    """Where a built card goes. Never raises for a Feishu-side failure: it classifies it."""
-
-    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome: ...
 
 
 class SubagentSource(Protocol):

@@ -41,7 +41,7 @@ from feishu_progress.db.repo import CallbackDedupeRepository
 from feishu_progress.feishu.callback import ActionHandler
 from feishu_progress.holder import DatabaseHolder
 from feishu_progress.ports import Clock, Deduper
-from feishu_progress.progress.scheduler import DeliveryGate
+from feishu_progress.progress.writer import DeliveryGate
 from feishu_progress.runtime.card_actions import CardActions, StateLookup
 from feishu_progress.runtime.dedupe import PersistentDeduper
 from feishu_progress.runtime.event_log import NO_EVENT_LOG, LoggedBatches

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from feishu_progress.cards.builder import BuiltCard
 from feishu_progress.domain import CardModel, CardPanels, CardState
+from feishu_progress.ports import WriteOutcome
+from feishu_progress.progress.writer import CardWriter, Delivery
 
 
 class FakeClock:
@@ -116,3 +120,20 @@ def card_model(**fields: Any) -> CardModel:
     """A CardModel from flat fields (``status=``, ``tools=``... go into its CardPanels)."""
     panels, rest = _panels_apart(fields)
     return CardModel(panels=CardPanels(**panels), **rest)
+
+
+class OpenCalls:
+    """A write's way out that holds every API's budget and passes no gate: a card writer tested alone
+    (the scheduler's ``FlightCalls`` is the real one)."""
+
+    def allows(self, api: str) -> bool:
+        return True
+
+    @contextlib.asynccontextmanager
+    async def call(self, api: str) -> AsyncIterator[bool]:
+        yield True
+
+
+async def write_once(writer: CardWriter, card: dict[str, Any]) -> WriteOutcome:
+    """One write of ``card`` by ``writer``, every budget held."""
+    return await writer.write(Delivery(1, 0.0, BuiltCard(card)), urgent=False, calls=OpenCalls())

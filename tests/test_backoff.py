@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
-from feishu_progress.backoff import backoff_delay
+from feishu_progress.backoff import BackoffPolicy, backoff_delay
 from feishu_progress.feishu.retry import FeishuRetryPolicy
-from feishu_progress.progress.scheduler import BackoffPolicy
 
 
 def test_doubles_from_the_base_up_to_the_cap_with_jitter_in_the_upper_half() -> None:

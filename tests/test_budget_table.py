@@ -17,11 +17,11 @@ from pydantic import SecretStr
 from feishu_progress.config import ApiLimit, FeishuSettings, RateSettings, Settings
 from feishu_progress.demo import API_TOKEN, APP_ID, APP_SECRET
 from feishu_progress.feishu import FeishuClient
-from feishu_progress.feishu.sink import FeishuCardSink
 from feishu_progress.images import ImageUploads
 from feishu_progress.ports import SystemClock
+from feishu_progress.progress.admission import Admission
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
-from feishu_progress.progress.scheduler import DeliveryScheduler
+from feishu_progress.progress.rate_budget import BudgetTable
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from tests.rigs import eventually
@@ -260,10 +260,8 @@ async def test_image_uploads_stay_within_the_image_budget_over_real_http() -> No
         settings = FeishuSettings(base_url=sandbox.base_url, app_id=APP_ID, app_secret=SecretStr(APP_SECRET))
         client = await FeishuClient.open(settings)
         try:
-            scheduler = DeliveryScheduler(
-                FeishuCardSink(client), clock=SystemClock(), rate=RateSettings(app_per_second=3)
-            )
-            uploads = ImageUploads(client, concurrency=8, budget=scheduler)
+            admission = Admission(BudgetTable(RateSettings(app_per_second=3)), clock=SystemClock())
+            uploads = ImageUploads(client, concurrency=8, budget=admission)
             distinct = [b"\x89PNG\r\n\x1a\n" + f"image {i}".encode() for i in range(9)]
             started = time.monotonic()
             keys = await asyncio.gather(*(uploads.upload_image(data) for data in distinct))

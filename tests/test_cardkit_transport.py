@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
+from feishu_progress.cards.builder import ANSWER_ELEMENT_ID
 from feishu_progress.config import CardKitSettings, CardSettings, RateSettings
 from feishu_progress.demo import (
     ANSWERS_FORM,
@@ -30,7 +31,6 @@ from feishu_progress.demo import (
     click_value,
     demo_service,
 )
-from feishu_progress.feishu.cardkit_sink import answer_text
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, plan
 from feishu_progress.readiness import live_cards
 from feishu_progress.sandbox.cardkit import CardEntity
@@ -82,8 +82,10 @@ def entity(run: DemoRun, message_id: str | None = None) -> CardEntity:
 
 
 def answer_of(card: Mapping[str, Any]) -> str:
-    """The answer text a card shows (the writer's own reading of a built card)."""
-    return answer_text(card) or ""
+    """The answer text a card (as Feishu holds it) shows: its answer element's content, "" for none."""
+    elements = card.get("body", {}).get("elements", [])
+    shown = [e.get("content") for e in elements if e.get("element_id") == ANSWER_ELEMENT_ID]
+    return str(shown[0]) if shown else ""
 
 
 def rate_limited(run: DemoRun) -> int:

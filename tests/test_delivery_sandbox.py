@@ -1,8 +1,8 @@
 """The delivery issue's "Done when", through the real HTTP path, against the sandbox's real limits.
 
-DeliveryScheduler → FeishuCardSink → FeishuClient (one aiohttp session) → the sandbox (``run_sandbox`` on a
-free port), which enforces 5 PATCH/s per message, 50/s and 1000/min per app, 30 KB per card, recalls, and
-answers with Feishu's real codes (230020, 99991400/HTTP 429, 230025, 230011).
+DeliveryScheduler → the card's PatchWriter → FeishuClient (one aiohttp session) → the sandbox
+(``run_sandbox`` on a free port), which enforces 5 PATCH/s per message, 50/s and 1000/min per app,
+30 KB per card, recalls, and answers with Feishu's real codes (230020, 99991400/HTTP 429, 230025, 230011).
 
 Time is scaled: a ``ScaledClock`` makes ``SCALE`` (10) fake seconds pass per real second, and the very
 same clock drives the scheduler, the client's token cache and the sandbox (``run_sandbox(clock=...)``),
@@ -35,12 +35,13 @@ from typing import Any
 
 import pytest
 
-from feishu_progress.cards.builder import build_degraded_card, build_progress_card
-from feishu_progress.config import FeishuSettings, RateSettings
+from feishu_progress.cards.builder import BuiltCard, build_card, build_degraded, build_progress_card
+from feishu_progress.config import CardKitSettings, FeishuSettings, RateSettings
 from feishu_progress.domain import CardModel, TaskStatus
 from feishu_progress.feishu.client import FeishuClient
-from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.feishu.writers import CardWriters
 from feishu_progress.progress.live_card import BuildCard, CardContext, LiveCard
+from feishu_progress.progress.rate_budget import BudgetTable
 from feishu_progress.progress.scheduler import BackoffPolicy, DeliveryScheduler
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig, SandboxMessage, run_sandbox
 from tests.fakes import card_model
@@ -100,6 +101,7 @@ class Rig:
     sandbox: RunningSandbox
     client: FeishuClient
     scheduler: DeliveryScheduler
+    writers: CardWriters
 
     def message(self, card: LiveCard) -> SandboxMessage:
         return self.sandbox.state.messages[card.message_id]
@@ -109,7 +111,7 @@ class Rig:
         return self.sandbox.state.now()
 
     async def open_cards(
-        self, count: int, *, build_card: BuildCard = build_progress_card, per_second: int = 40
+        self, count: int, *, build_card: BuildCard = build_card, per_second: int = 40
     ) -> list[LiveCard]:
         """Send ``count`` card messages (within the send budget: no 429 is spent here) and wrap each."""
         cards: list[LiveCard] = []
@@ -121,7 +123,9 @@ class Rig:
                 )
                 for i in batch
             ]
-            first_cards = [build_card(card_model(session_id=c.session_id, status=RUNNING)) for c in contexts]
+            first_cards = [
+                build_card(card_model(session_id=c.session_id, status=RUNNING)).card for c in contexts
+            ]
             ids = await asyncio.gather(
                 *(
                     self.client.send_card("ou_tester", "open_id", body, f"fp-delivery-{c.session_id}")
@@ -131,9 +135,10 @@ class Rig:
             cards.extend(
                 LiveCard(
                     CardContext(c.session_id, mid, title=c.title, started_at=c.started_at),
+                    writer=self.writers.for_card(mid, None, 0),
                     clock=self.clock,
                     build_card=build_card,
-                    build_degraded_card=build_degraded_card,
+                    build_degraded_card=build_degraded,
                     scheduler=self.scheduler,
                 )
                 for c, mid in zip(contexts, ids, strict=True)
@@ -165,12 +170,16 @@ async def rig(
     async with run_sandbox(config or SandboxConfig(), clock=clock.monotonic) as sandbox:
         settings = FeishuSettings(base_url=sandbox.base_url, timeout_seconds=10.0)
         async with FeishuClient(settings, clock=clock) as client:
+            rate = rate or RateSettings()
             scheduler = DeliveryScheduler(
-                FeishuCardSink(client), clock=clock, rate=rate, backoff=backoff, rng=random.Random(7)
+                BudgetTable(rate), clock=clock, backoff=backoff, rng=random.Random(7)
+            )
+            writers = CardWriters(
+                client, CardKitSettings(), clock=clock, message_interval=rate.message_interval_ms / 1000
             )
             scheduler.start()
             try:
-                yield Rig(clock, sandbox, client, scheduler)
+                yield Rig(clock, sandbox, client, scheduler, writers)
             finally:
                 await scheduler.stop()
 
@@ -318,12 +327,12 @@ async def test_every_final_state_arrives_although_30_percent_of_patches_fail_wit
 BIG_SESSION = 3
 
 
-def oversized_for_one_session(model: CardModel) -> dict[str, Any]:
+def oversized_for_one_session(model: CardModel) -> BuiltCard:
     """The real builder, except that one task's card grows past 30 KB (as a builder bug would)."""
     card = build_progress_card(model)
     if model.session_id == BIG_SESSION and model.panels.round > 0:
         card["body"]["elements"].append({"tag": "markdown", "content": "x" * (31 * 1024)})
-    return card
+    return BuiltCard(card)
 
 
 async def test_an_oversized_card_arrives_degraded_never_lost() -> None:
@@ -336,9 +345,10 @@ async def test_an_oversized_card_arrives_degraded_never_lost() -> None:
         def degraded_now(card: LiveCard) -> dict[str, Any]:
             twin = LiveCard(
                 card.context,
+                writer=card.writer,
                 clock=r.clock,
-                build_card=build_degraded_card,
-                build_degraded_card=build_degraded_card,
+                build_card=build_degraded,
+                build_degraded_card=build_degraded,
                 state=card.state,
             )
             return as_sent(twin.render_current())

@@ -12,11 +12,12 @@ from pydantic import SecretStr
 
 from feishu_progress.config import FeishuSettings
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
-from feishu_progress.feishu import FeishuCardSink, FeishuClient
+from feishu_progress.feishu import FeishuClient
 from feishu_progress.feishu.client import is_feishu_host
+from feishu_progress.feishu.patch_writer import PatchWriter
 from feishu_progress.ports import OutcomeKind
 from feishu_progress.sandbox import RunningSandbox, SandboxConfig
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, write_once
 from tests.rigs import APP_ID, APP_SECRET
 
 
@@ -173,7 +174,7 @@ async def test_logs_never_carry_tokens_or_cards(
     message_id = await feishu.send_card("ou_a", "open_id", card("SECRET-CARD-TEXT"), "")
     sandbox.state.expire_tokens()
     sandbox.state.recall(message_id)
-    outcome = await FeishuCardSink(feishu).patch_card(message_id, card("SECRET-CARD-TEXT"))
+    outcome = await write_once(PatchWriter(feishu, message_id, interval=0.25), card("SECRET-CARD-TEXT"))
     assert outcome.kind is OutcomeKind.STOP
     dumped = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert "230011" in dumped
@@ -185,36 +186,38 @@ async def test_logs_never_carry_tokens_or_cards(
 # --- adapters --------------------------------------------------------------------------------
 
 
-async def test_sink_delivers_and_classifies_without_raising(
+async def test_patch_writer_delivers_and_classifies_without_raising(
     feishu: FeishuClient, sandbox: RunningSandbox
 ) -> None:
-    sink = FeishuCardSink(feishu, message_interval=0.5)
     message_id = await feishu.send_card("ou_a", "open_id", card(), "")
-    assert (await sink.patch_card(message_id, card("ok"))).kind is OutcomeKind.DELIVERED
+    writer = PatchWriter(feishu, message_id, interval=0.5)
+    assert (await write_once(writer, card("ok"))).kind is OutcomeKind.DELIVERED
     for _ in range(4):
-        await sink.patch_card(message_id, card("more"))
-    limited = await sink.patch_card(message_id, card("too fast"))
+        await write_once(writer, card("more"))
+    limited = await write_once(writer, card("too fast"))
     assert (limited.kind, limited.retry_after, limited.code) == (OutcomeKind.RETRY_MESSAGE, 0.5, 230020)
     sandbox.state.delete(message_id)
-    stopped = await sink.patch_card(message_id, card())
+    stopped = await write_once(writer, card())
     assert (stopped.kind, stopped.code) == (OutcomeKind.STOP, 230110)
 
 
-async def test_sink_backs_off_on_5xx_and_hangs(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
-    sink = FeishuCardSink(feishu)
+async def test_patch_writer_backs_off_on_5xx_and_hangs(feishu: FeishuClient, sandbox: RunningSandbox) -> None:
     message_id = await feishu.send_card("ou_a", "open_id", card(), "")
     sandbox.state.faults.fail(1.0, status=502)
-    assert (await sink.patch_card(message_id, card())).kind is OutcomeKind.BACKOFF
+    assert (
+        await write_once(PatchWriter(feishu, message_id, interval=0.25), card())
+    ).kind is OutcomeKind.BACKOFF
     sandbox.state.faults.clear()
     sandbox.state.faults.hang(1)
     quick = FeishuClient(settings_for(sandbox, timeout=0.3))
     async with quick:
-        assert (await FeishuCardSink(quick).patch_card(message_id, card())).kind is OutcomeKind.BACKOFF
+        outcome = await write_once(PatchWriter(quick, message_id, interval=0.25), card())
+    assert outcome.kind is OutcomeKind.BACKOFF
 
 
-async def test_sink_never_raises_when_feishu_is_unreachable() -> None:
+async def test_patch_writer_never_raises_when_feishu_is_unreachable() -> None:
     async with FeishuClient(FeishuSettings(base_url="http://127.0.0.1:9", timeout_seconds=1.0)) as feishu:
-        outcome = await FeishuCardSink(feishu).patch_card("om_x", card())
+        outcome = await write_once(PatchWriter(feishu, "om_x", interval=0.25), card())
     assert outcome.kind is OutcomeKind.BACKOFF
 
 

@@ -19,6 +19,7 @@ from feishu_progress.subagents.batcher import BatchedSubagentSource
 from feishu_progress.subagents.manager import SubagentManager
 from tests.fakes import FakeClock, card_state
 from tests.test_scheduler_fakes import (
+    FakeSink,
     FakeSubagents,
     Harness,
     build_card,
@@ -37,6 +38,7 @@ def lone_card(clock: FakeClock, source: FakeSubagents | None = None, **kwargs: o
     context = CardContext(session_id=7, message_id="om_7", title="t", started_at=clock.wall())
     return LiveCard(
         context,
+        writer=FakeSink(clock).writer("om_7"),
         clock=clock,
         build_card=build_card,
         build_degraded_card=build_degraded_card,
@@ -141,7 +143,7 @@ async def test_at_most_one_load_in_flight() -> None:
     deliveries = await asyncio.gather(*builds)
     assert source.max_in_flight == 1
     assert source.calls == 1
-    assert all(d.card["subagents"] == [3] for d in deliveries)
+    assert all(d.built.card["subagents"] == [3] for d in deliveries)
 
 
 async def test_a_load_that_ends_after_the_task_finished_does_not_bring_subagents_back() -> None:
@@ -155,8 +157,8 @@ async def test_a_load_that_ends_after_the_task_finished_does_not_bring_subagents
     finish(card, TaskStatus.CANCELLED, clock)
     await clock.advance(1.0)
     delivery = await build
-    assert delivery.card["subagents"] == []
-    assert delivery.card["status"] == "CANCELLED"
+    assert delivery.built.card["subagents"] == []
+    assert delivery.built.card["status"] == "CANCELLED"
     assert card.render_current()["subagents"] == []
 
 
@@ -270,6 +272,7 @@ async def test_a_database_blip_omits_the_subagent_list_until_the_database_answer
         context = CardContext(session_id=session_id, message_id=f"om_{session_id}", started_at=clock.wall())
         card = LiveCard(
             context,
+            writer=FakeSink(clock).writer(context.message_id),
             clock=clock,
             build_card=build_card,
             build_degraded_card=build_degraded_card,
@@ -281,7 +284,7 @@ async def test_a_database_blip_omits_the_subagent_list_until_the_database_answer
     async def subagents_on(card: LiveCard) -> list[int]:
         delivery = asyncio.create_task(card.build_for_delivery())
         await clock.advance(1.5)  # past the 1 s cache and the batcher's spacing
-        return list((await delivery).card["subagents"])
+        return list((await delivery).built.card["subagents"])
 
     seen = card_of(7)
     assert len(await subagents_on(seen)) == 2

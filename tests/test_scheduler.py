@@ -9,12 +9,12 @@ import math
 
 import pytest
 
+from feishu_progress.backoff import BackoffPolicy
 from feishu_progress.config import RateSettings
 from feishu_progress.domain import TaskStatus
-from feishu_progress.ports import OutcomeKind, PatchOutcome
+from feishu_progress.ports import OutcomeKind, WriteOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import LiveCard
-from feishu_progress.progress.scheduler import BackoffPolicy
 from tests.test_scheduler_fakes import Harness, PatchRecord, finish, outcome, push
 from tests.test_scheduler_fakes import step as record_step
 
@@ -233,7 +233,7 @@ async def test_backoff_is_bounded_jittered_and_gives_up_with_a_log(caplog: pytes
         step(card, 2)  # a newer state gets fresh attempts
         await h.clock.advance(1.0)
         assert h.sink.records[-1].card["content"] == "step 2"
-        assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+        assert h.sink.records[-1].outcome == WriteOutcome.delivered()
 
 
 async def test_a_final_state_never_gives_up_while_progress_does() -> None:
@@ -244,7 +244,7 @@ async def test_a_final_state_never_gives_up_while_progress_does() -> None:
         finish(card, TaskStatus.COMPLETED, h.clock)
         await h.clock.advance(120.0)
         assert len(h.sink.records) == 31
-        assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+        assert h.sink.records[-1].outcome == WriteOutcome.delivered()
         assert h.sink.records[-1].card["status"] == "COMPLETED"
 
 
@@ -314,7 +314,7 @@ async def test_a_raising_sink_is_treated_as_transient() -> None:
         h.sink.answer("om_1", ConnectionResetError("reset"))
         step(card, 1)
         await h.clock.advance(5.0)
-        assert [r.outcome for r in h.sink.records] == [None, PatchOutcome.delivered()]
+        assert [r.outcome for r in h.sink.records] == [None, WriteOutcome.delivered()]
 
 
 # -- metrics and flush -----------------------------------------------------------------------------
@@ -373,7 +373,7 @@ async def test_flush_reports_what_it_could_not_deliver() -> None:
     assert report.undelivered_terminal == ("om_stuck",)
     assert report.undelivered_other == ("om_busy",)
     assert not report.complete
-    assert h.sink.of("om_ok")[-1].outcome == PatchOutcome.delivered()
+    assert h.sink.of("om_ok")[-1].outcome == WriteOutcome.delivered()
 
 
 async def test_a_patch_cut_short_by_stop_is_sent_again_after_a_restart() -> None:
@@ -387,7 +387,7 @@ async def test_a_patch_cut_short_by_stop_is_sent_again_after_a_restart() -> None
     h.scheduler.start()
     await h.clock.advance(2.0)
     assert [r.card["content"] for r in h.sink.records] == ["step 1", "step 1"]
-    assert h.sink.records[-1].outcome == PatchOutcome.delivered()
+    assert h.sink.records[-1].outcome == WriteOutcome.delivered()
     assert h.scheduler.pending_message_ids() == []
     await h.scheduler.stop()
 
@@ -432,6 +432,6 @@ async def test_an_outage_for_every_card_opens_the_breaker_probes_slowly_and_reco
         assert not h.scheduler.breaker.is_open and h.metrics.value("fp_breaker_open") == 0
         for card in cards:
             last = h.sink.of(card.message_id)[-1]
-            assert last.card["status"] == "COMPLETED" and last.outcome == PatchOutcome.delivered()
+            assert last.card["status"] == "COMPLETED" and last.outcome == WriteOutcome.delivered()
             assert last.started <= back + 2.0 + 1.0  # the next probe, then everyone at once
         assert h.metrics.value("fp_delivery_give_ups_total", {"reason": "attempts_exhausted"}) == 0

@@ -1,4 +1,4 @@
-"""Doubles for the progress tests: a recording CardSink, a scripted SubagentSource, toy card builders.
+"""Doubles for the progress tests: a recording card writer, a scripted SubagentSource, toy card builders.
 
 Named test_scheduler_* to stay inside the progress area of the suite; it holds no tests itself.
 """
@@ -11,18 +11,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from feishu_progress.backoff import BackoffPolicy
+from feishu_progress.cards.builder import BuiltCard
 from feishu_progress.config import RateSettings
 from feishu_progress.domain import CardModel, SubagentSummary, TaskStatus
 from feishu_progress.metrics import Metrics
-from feishu_progress.ports import Clock, OutcomeKind, PatchOutcome
+from feishu_progress.ports import Clock, OutcomeKind, WriteOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import CardContext, LiveCard
-from feishu_progress.progress.scheduler import BackoffPolicy, Deliverable, DeliveryScheduler
+from feishu_progress.progress.rate_budget import BudgetTable
+from feishu_progress.progress.scheduler import DeliveryScheduler
+from feishu_progress.progress.writer import Calls, CardVersions, Delivery, WriteChoices
 from tests.fakes import FakeClock, card_state
 
 
-def build_card(model: CardModel) -> dict[str, Any]:
+def build_card(model: CardModel) -> BuiltCard:
     """A toy builder that exposes what the real one would render from."""
+    return BuiltCard(toy_card(model))
+
+
+def toy_card(model: CardModel) -> dict[str, Any]:
     return {
         "kind": "full",
         "status": model.panels.status.value,
@@ -39,9 +47,9 @@ def build_card(model: CardModel) -> dict[str, Any]:
     }
 
 
-def build_degraded_card(model: CardModel) -> dict[str, Any]:
+def build_degraded_card(model: CardModel) -> BuiltCard:
     """A toy minimal card: status only."""
-    return {"kind": "degraded", "status": model.panels.status.value, "content": model.content}
+    return BuiltCard({"kind": "degraded", "status": model.panels.status.value, "content": model.content})
 
 
 @dataclass
@@ -50,26 +58,30 @@ class PatchRecord:
     card: dict[str, Any]
     started: float
     ended: float | None = None
-    outcome: PatchOutcome | None = None
+    outcome: WriteOutcome | None = None
 
 
 class FakeSink:
-    """Records every PATCH; answers scripted outcomes per message (DELIVERED otherwise) after ``delay``."""
+    """Records every write; answers scripted outcomes per message (DELIVERED otherwise) after ``delay``.
+
+    ``writer(message_id)`` is a card's writer (the ``CardWriter`` port) over it, one PATCH-like call a
+    write, through the flight's gate like the real writers.
+    """
 
     def __init__(self, clock: FakeClock, delay: float = 0.0) -> None:
         self.clock = clock
         self.delay = delay
         self.records: list[PatchRecord] = []
-        self.script: dict[str, deque[PatchOutcome | Exception]] = defaultdict(deque)
-        self.always: dict[str, PatchOutcome] = {}
+        self.script: dict[str, deque[WriteOutcome | Exception]] = defaultdict(deque)
+        self.always: dict[str, WriteOutcome] = {}
         self._in_flight: dict[str, int] = defaultdict(int)
         self.max_in_flight_per_message = 0
 
-    def answer(self, message_id: str, *outcomes: PatchOutcome | Exception) -> None:
+    def answer(self, message_id: str, *outcomes: WriteOutcome | Exception) -> None:
         """Queue the next answers for ``message_id``."""
         self.script[message_id].extend(outcomes)
 
-    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> PatchOutcome:
+    async def patch_card(self, message_id: str, card: Mapping[str, Any]) -> WriteOutcome:
         record = PatchRecord(message_id, dict(card), self.clock.monotonic())
         self.records.append(record)
         self._in_flight[message_id] += 1
@@ -81,7 +93,7 @@ class FakeSink:
             self._in_flight[message_id] -= 1
             record.ended = self.clock.monotonic()
         queued = self.script[message_id]
-        answer = queued.popleft() if queued else self.always.get(message_id, PatchOutcome.delivered())
+        answer = queued.popleft() if queued else self.always.get(message_id, WriteOutcome.delivered())
         if isinstance(answer, Exception):
             raise answer
         record.outcome = answer
@@ -91,9 +103,33 @@ class FakeSink:
         """The PATCHes of one message, in start order."""
         return [r for r in self.records if r.message_id == message_id]
 
+    def writer(self, message_id: str, interval: float = 0.25) -> FakeWriter:
+        return FakeWriter(self, message_id, interval)
 
-def outcome(kind: OutcomeKind, retry_after: float = 0.0, reason: str = "") -> PatchOutcome:
-    return PatchOutcome(kind, retry_after=retry_after, code=1, reason=reason)
+
+class FakeWriter:
+    """A card's writer over a FakeSink: one call a write (the budget and the gate of ``patch``)."""
+
+    apis = ("patch",)
+    answers_clicks = True
+
+    def __init__(self, sink: FakeSink, message_id: str, interval: float) -> None:
+        self.sink = sink
+        self.message_id = message_id
+        self.interval = interval
+
+    def choices(self, card: CardVersions, *, urgent: bool) -> WriteChoices:
+        return WriteChoices((self.apis,))
+
+    async def write(self, delivery: Delivery, *, urgent: bool, calls: Calls) -> WriteOutcome:
+        async with calls.call("patch") as allowed:
+            if not allowed:
+                return WriteOutcome(OutcomeKind.NOT_NOW)
+            return await self.sink.patch_card(self.message_id, delivery.built.card)
+
+
+def outcome(kind: OutcomeKind, retry_after: float = 0.0, reason: str = "") -> WriteOutcome:
+    return WriteOutcome(kind, retry_after=retry_after, code=1, reason=reason)
 
 
 class FakeSubagents:
@@ -144,30 +180,47 @@ class Harness:
         self.clock = FakeClock(start=1000.0)
         self.sink = FakeSink(self.clock, delay)
         self.metrics = Metrics()
-        self.stopped: list[tuple[str, str]] = []
+        self.rate = rate or RateSettings()
+        self._stopped: list[tuple[str, str]] = []
+        self._finals: list[str] = []
         self._next_session = 1
         self.scheduler = DeliveryScheduler(
-            self.sink,
+            BudgetTable(self.rate),
             clock=self.clock,
-            rate=rate or RateSettings(),
             metrics=self.metrics,
             backoff=backoff,
             rng=random.Random(7),
-            listener=self,
             breaker=breaker,
         )
-        self.finals: list[str] = []
 
-    def card_stopped(self, card: Deliverable, reason: str) -> None:
-        self.stopped.append((card.message_id, reason))
+    def _hear_ends(self) -> None:
+        ends = self.scheduler.ends
+        while not ends.empty():
+            end = ends.get_nowait()
+            if end is None:
+                continue  # the scheduler stopped
+            if end.reason is None:
+                self._finals.append(end.card.message_id)
+            else:
+                self._stopped.append((end.card.message_id, end.reason))
 
-    def final_delivered(self, card: Deliverable) -> None:
-        self.finals.append(card.message_id)
+    @property
+    def finals(self) -> list[str]:
+        """The cards whose final state was delivered, in order (the scheduler's ``ends``)."""
+        self._hear_ends()
+        return self._finals
+
+    @property
+    def stopped(self) -> list[tuple[str, str]]:
+        """The cards that can never be written again, and why."""
+        self._hear_ends()
+        return self._stopped
 
     def card(self, message_id: str = "om_1", subagents: FakeSubagents | None = None) -> LiveCard:
         self._next_session += 1
         return LiveCard(
             CardContext(session_id=self._next_session, message_id=message_id, started_at=self.clock.wall()),
+            writer=self.sink.writer(message_id, self.rate.message_interval_ms / 1000),
             clock=self.clock,
             build_card=build_card,
             build_degraded_card=build_degraded_card,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.builder import build_card, build_degraded
 from feishu_progress.cards.plaintext import card_as_text
 from feishu_progress.db.engine import Database
 from feishu_progress.db.migrate import upgrade
@@ -20,6 +20,7 @@ from feishu_progress.ports import SubagentSource
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.subagents.manager import SubagentManager
 from tests.fakes import FakeClock, card_state
+from tests.test_scheduler_fakes import FakeSink
 
 T0 = datetime(2026, 10, 19, 8, 0, 0, tzinfo=UTC)
 
@@ -143,21 +144,22 @@ async def test_a_failing_query_omits_the_section_instead_of_showing_the_last_lis
     context = CardContext(session_id=42, message_id="om_42", title="t", started_at=clock.wall())
     card = LiveCard(
         context,
+        writer=FakeSink(clock).writer(context.message_id),
         clock=clock,
-        build_card=build_progress_card,
-        build_degraded_card=build_degraded_card,
+        build_card=build_card,
+        build_degraded_card=build_degraded,
         subagents=SubagentManager(db),
     )
     try:
         await spawn(SubagentRepository(db), 42, "a", title="排查链路")
         card.record(card_state(status=TaskStatus.RUNNING, round=2))
         shown = await card.build_for_delivery()
-        assert "**子代理 · 1 个运行中**\n- 调研 · 排查链路" in card_as_text(shown.card)
+        assert "**子代理 · 1 个运行中**\n- 调研 · 排查链路" in card_as_text(shown.built.card)
         async with db.engine.begin() as connection:
             await connection.execute(text("DROP TABLE subagent_execution"))
         await clock.advance(1.5)  # past the 1 s cache
         card.record(card_state(status=TaskStatus.RUNNING, round=3))
-        after = card_as_text((await card.build_for_delivery()).card)
+        after = card_as_text((await card.build_for_delivery()).built.card)
         assert "子代理" not in after and "第 3 轮" in after
     finally:
         await db.close()

@@ -10,6 +10,7 @@ cut with a visible marker. If even the smallest level does not fit, the degraded
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.cards.escape import close_open_fence, escape_markdown, plain_text
@@ -57,8 +58,23 @@ ANSWER_ELEMENT_ID = "fp_answer"
 ANSWER_CUT_ELEMENT_ID = "fp_answer_cut"  # the …(已截断 N 字…) marker after a cut answer
 
 
+@dataclass(frozen=True, slots=True)
+class BuiltCard:
+    """A card as the builder made it: the whole JSON, and its answer text apart (a CardKit writer streams
+    that element alone), with how many characters the cut left out (None: not cut)."""
+
+    card: dict[str, Any]  # never changed once built (the card JSON the writers send)
+    answer: str | None = None  # the answer element's markdown (None: the card has no answer element)
+    cut_chars: int | None = None
+
+
 def build_progress_card(model: CardModel) -> dict[str, Any]:
     """The full progress card, always within Feishu's size, element and nesting limits."""
+    return build_card(model).card
+
+
+def build_card(model: CardModel) -> BuiltCard:
+    """``build_progress_card``, with the answer text and its cut apart."""
     langs = _langs(model)
     content = _content_source(model)
     reserve = (
@@ -67,15 +83,27 @@ def build_progress_card(model: CardModel) -> dict[str, Any]:
     reserve += MARKER_RESERVE_BYTES if content else 0
     fitting = _most_generous_fit(model, langs, reserve)
     if fitting is None:
-        return build_degraded_card(model)
+        return BuiltCard(build_degraded_card(model))
     card, slot = fitting
-    if content:
-        available = TARGET_BYTES - json_bytes(card) - CONTENT_OVERHEAD_BYTES
-        whole = max(model.content_chars, len(model.content))
-        card["body"]["elements"][slot:slot] = _content_elements(content, whole, available, langs)
-    elif _is_first_card(model):
-        card["body"]["elements"].insert(slot, langs.md_msg(msg("card.accepted")))
-    return card
+    if not content:
+        if _is_first_card(model):
+            card["body"]["elements"].insert(slot, langs.md_msg(msg("card.accepted")))
+        return BuiltCard(card)
+    available = TARGET_BYTES - json_bytes(card) - CONTENT_OVERHEAD_BYTES
+    whole = max(model.content_chars, len(model.content))
+    answer, dropped = _answer(content, whole, available)
+    elements = [_answer_element(answer)]
+    if dropped is not None:
+        # Its own id: a CardKit writer streaming only the answer text can tell the cut moved (its count).
+        marker = langs.md_msg(counted("card.truncated", dropped))
+        elements.append({**marker, "element_id": ANSWER_CUT_ELEMENT_ID})
+    card["body"]["elements"][slot:slot] = elements
+    return BuiltCard(card, answer, dropped)
+
+
+def build_degraded(model: CardModel) -> BuiltCard:
+    """``build_degraded_card`` as a built card (no answer element)."""
+    return BuiltCard(build_degraded_card(model))
 
 
 def _most_generous_fit(model: CardModel, langs: Langs, reserve: int) -> tuple[dict[str, Any], int] | None:
@@ -173,21 +201,16 @@ def _render_content(text: str) -> str:
     return close_open_fence(escape_markdown(text))
 
 
-def _content_elements(
-    content: str, original_chars: int, available: int, langs: Langs
-) -> list[dict[str, Any]]:
-    """The content markdown, cut to ``available`` bytes, and a marker element when it was cut."""
+def _answer(content: str, original_chars: int, available: int) -> tuple[str, int | None]:
+    """The content markdown cut to ``available`` bytes, and how many characters the cut dropped (None:
+    none; then a marker element follows the answer)."""
     if len(content) == original_chars and json_bytes(_render_content(content)) <= available:
-        return [_answer_element(_render_content(content))]
+        return _render_content(content), None
     budget = max(0, available - MARKER_RESERVE_BYTES)
     # Every character costs at least one byte: no prefix longer than the budget can fit.
     fitting = longest_prefix(content[:budget], budget, lambda prefix: json_bytes(_render_content(prefix)))
     shown = cut_index(content, fitting)
-    dropped = original_chars - shown
-    elements = [_answer_element(_render_content(content[:shown]).rstrip() or "…")]
-    # Its own id: a CardKit writer streaming only the answer text can tell the cut moved (its count).
-    elements.append({**langs.md_msg(counted("card.truncated", dropped)), "element_id": ANSWER_CUT_ELEMENT_ID})
-    return elements
+    return _render_content(content[:shown]).rstrip() or "…", original_chars - shown
 
 
 def _answer_element(markdown: str) -> dict[str, Any]:
@@ -197,6 +220,9 @@ def _answer_element(markdown: str) -> dict[str, Any]:
 __all__ = [
     "ANSWER_CUT_ELEMENT_ID",
     "ANSWER_ELEMENT_ID",
+    "BuiltCard",
+    "build_card",
+    "build_degraded",
     "build_degraded_card",
     "build_progress_card",
     "status_parts",

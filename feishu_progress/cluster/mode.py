@@ -42,7 +42,7 @@ from feishu_progress.errors import OwnedElsewhere
 from feishu_progress.feishu.callback import CardActionEvent
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
-from feishu_progress.progress.scheduler import DeliveryGate
+from feishu_progress.progress.writer import DeliveryGate
 from feishu_progress.runtime.service import Claim, TaskService
 from feishu_progress.waiting import Stopper, event_or_timeout
 

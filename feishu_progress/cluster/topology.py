@@ -27,7 +27,7 @@ from feishu_progress.db.times import utc_datetime
 from feishu_progress.feishu.callback import ActionHandler
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock
-from feishu_progress.progress.scheduler import DeliveryGate
+from feishu_progress.progress.writer import DeliveryGate
 from feishu_progress.runtime.card_actions import CardActions, StateLookup
 from feishu_progress.runtime.event_log import EventLog
 from feishu_progress.runtime.service import TaskService

@@ -1,7 +1,7 @@
-"""Feishu Open API edge: the client, error classification and the port adapters."""
+"""Feishu Open API edge: the client, error classification and the card writers (the port's adapters)."""
 
 from feishu_progress.feishu.client import FeishuClient, TokenCache
 from feishu_progress.feishu.errors import classify
-from feishu_progress.feishu.sink import FeishuCardSink
+from feishu_progress.feishu.writers import CardWriters
 
-__all__ = ["FeishuCardSink", "FeishuClient", "TokenCache", "classify"]
+__all__ = ["CardWriters", "FeishuClient", "TokenCache", "classify"]

@@ -1,4 +1,4 @@
-"""THE one place that maps Feishu errors to delivery decisions (ports.PatchOutcome).
+"""THE one place that maps Feishu errors to delivery decisions (ports.WriteOutcome).
 
 Codes and their meanings come from docs/feishu-platform.md §2, §3, §4 (CardKit) and §7. Anything
 not named here stops updating the card with the code and message recorded: an unknown failure is never
@@ -7,8 +7,13 @@ retried forever and never swallowed.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
 from feishu_progress.errors import FeishuAPIError, FeishuTransportError
-from feishu_progress.ports import OutcomeKind, PatchOutcome
+from feishu_progress.ports import OutcomeKind, WriteOutcome
+
+log = logging.getLogger(__name__)
 
 MESSAGE_RATE_LIMITED = 230020
 GATEWAY_RATE_LIMITED = 99991400
@@ -61,19 +66,19 @@ HTTP_TOO_MANY_REQUESTS = 429
 HTTP_SERVER_ERROR = 500
 
 
-def classify(exc: BaseException, *, message_interval: float = DEFAULT_MESSAGE_RETRY_SECONDS) -> PatchOutcome:
+def classify(exc: BaseException, *, message_interval: float = DEFAULT_MESSAGE_RETRY_SECONDS) -> WriteOutcome:
     """Turn a failed Open API call into what the delivery scheduler should do next."""
     if isinstance(exc, FeishuTransportError):
-        return PatchOutcome(OutcomeKind.BACKOFF, reason=f"transport: {exc}")
+        return WriteOutcome(OutcomeKind.BACKOFF, reason=f"transport: {exc}")
     if not isinstance(exc, FeishuAPIError):
-        return PatchOutcome(OutcomeKind.STOP, reason=f"unexpected {type(exc).__name__}: {exc}")
+        return WriteOutcome(OutcomeKind.STOP, reason=f"unexpected {type(exc).__name__}: {exc}")
     return _classify_api_error(exc, message_interval)
 
 
-def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOutcome:
+def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> WriteOutcome:
     code = exc.code
     if code == MESSAGE_RATE_LIMITED:
-        return PatchOutcome(
+        return WriteOutcome(
             OutcomeKind.RETRY_MESSAGE,
             retry_after=message_interval,
             code=code,
@@ -81,9 +86,9 @@ def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOu
         )
     if code == GATEWAY_RATE_LIMITED or exc.http_status == HTTP_TOO_MANY_REQUESTS:
         reset = exc.retry_after if exc.retry_after and exc.retry_after > 0 else DEFAULT_GATEWAY_RESET_SECONDS
-        return PatchOutcome(OutcomeKind.PAUSE_APP, retry_after=reset, code=code, reason="app rate limit")
+        return WriteOutcome(OutcomeKind.PAUSE_APP, retry_after=reset, code=code, reason="app rate limit")
     if code == CARD_IN_INTERACTION:
-        return PatchOutcome(
+        return WriteOutcome(
             OutcomeKind.RETRY_MESSAGE,
             retry_after=max(message_interval, CARD_IN_INTERACTION_RETRY_SECONDS),
             code=code,
@@ -91,19 +96,19 @@ def _classify_api_error(exc: FeishuAPIError, message_interval: float) -> PatchOu
         )
     if code in CARDKIT_TRANSIENT or code in STREAM_CLOSED_CODES:
         reason = CARDKIT_TRANSIENT.get(code, "streaming closed")
-        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason=reason)
+        return WriteOutcome(OutcomeKind.BACKOFF, code=code, reason=reason)
     if code in STOP_REASONS:
-        return PatchOutcome(OutcomeKind.STOP, code=code, reason=STOP_REASONS[code])
+        return WriteOutcome(OutcomeKind.STOP, code=code, reason=STOP_REASONS[code])
     if code in DEGRADE_REASONS:
-        return PatchOutcome(
+        return WriteOutcome(
             OutcomeKind.DEGRADE, code=code, reason=f"{DEGRADE_REASONS[code]}: {exc.msg}"[:300]
         )
     if exc.http_status >= HTTP_SERVER_ERROR:
-        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason=f"server error {exc.http_status}")
+        return WriteOutcome(OutcomeKind.BACKOFF, code=code, reason=f"server error {exc.http_status}")
     if code in TOKEN_CODES:
         # The client already refreshed and retried once: the token service is flaky, not the card.
-        return PatchOutcome(OutcomeKind.BACKOFF, code=code, reason="token rejected after refresh")
-    return PatchOutcome(OutcomeKind.STOP, code=code, reason=f"Feishu {code}: {exc.msg}"[:300])
+        return WriteOutcome(OutcomeKind.BACKOFF, code=code, reason="token rejected after refresh")
+    return WriteOutcome(OutcomeKind.STOP, code=code, reason=f"Feishu {code}: {exc.msg}"[:300])
 
 
 def retry_delay(exc: BaseException) -> float | None:
@@ -123,3 +128,23 @@ def retry_delay(exc: BaseException) -> float | None:
     if exc.http_status >= HTTP_SERVER_ERROR:
         return 0.0
     return None
+
+
+def failed_write(
+    exc: BaseException, what: str, *, message_interval: float, ids: Mapping[str, str]
+) -> WriteOutcome:
+    """A card write's failure, classified and logged once (``ids``: the message or card it was for)."""
+    outcome = classify(exc, message_interval=message_interval)
+    log.warning(
+        "%s failed: %s",
+        what,
+        outcome.kind,
+        extra={
+            **ids,
+            "code": outcome.code,
+            "log_id": exc.log_id if isinstance(exc, FeishuAPIError) else "",
+            "outcome": str(outcome.kind),
+            "reason": outcome.reason,
+        },
+    )
+    return outcome

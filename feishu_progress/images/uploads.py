@@ -35,7 +35,7 @@ class ImageClient(Protocol):
 
 
 class UploadBudget(Protocol):
-    """The image upload API's app budget (the delivery scheduler's ``admit``): waits for room."""
+    """The image upload API's app budget (the app's ``Admission``): waits for room."""
 
     def admit(self, api: str) -> AbstractAsyncContextManager[None]: ...
 

@@ -10,8 +10,13 @@ first probe Feishu answers closes it, and the scheduler sends every waiting card
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
+
+from feishu_progress.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 5
 DEFAULT_PROBE_INTERVAL = 2.0
@@ -57,3 +62,22 @@ class OutageBreaker:
 
     def probe_ended(self) -> None:
         self.probing = False
+
+    def saw(self, *, transient: bool, now: float, metrics: Metrics) -> bool:
+        """One write's answer (``transient``: a 5xx, a timeout, no connection), logged and counted when it
+        opens or closes the breaker; True when it just closed (every waiting card may go at once)."""
+        if not transient:
+            if not self.answered():
+                return False
+            log.warning("Feishu answers again: outage breaker closed, sending every waiting card")
+            metrics.breaker_open.set(0)
+            metrics.breaker_transitions.labels(to="closed").inc()
+            return True
+        if self.failure(now):
+            log.error(
+                "Feishu is failing for every card: outage breaker open, probing every %.0f s",
+                self.probe_interval,
+            )
+            metrics.breaker_open.set(1)
+            metrics.breaker_transitions.labels(to="open").inc()
+        return False

@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from feishu_progress.progress.writer import WriteChoices
+
 SEQUENCE_BITS = 20
 MAX_FENCE = (2**31 - 1) >> SEQUENCE_BITS  # a sequence is an int32
 
@@ -71,7 +73,7 @@ class CardStream:
     panel_version: int | None = None  # the version of the card's panels last written whole
     text: str | None = None  # the answer text Feishu has (None: no answer element yet, or unknown)
     text_version: int | None = None  # the live card's text version of ``text`` (None: unknown)
-    cut: str | None = None  # the cut marker after the answer as last written whole (None: none)
+    cut: int | None = None  # characters the answer's cut left out, as last written whole (None: uncut)
     panels_due: float | None = None  # a write left the panels behind: rewrite them whole from then
     streaming: bool | None = None  # None: unknown, switch it explicitly before relying on it
     opened_at: float = -math.inf  # when streaming was last switched on
@@ -112,13 +114,13 @@ class CardStream:
 @dataclass(frozen=True, slots=True)
 class Shown:
     """What a built card shows, as a writer compares it with the entity (``text`` None: no answer element;
-    ``cut``: the marker after a cut answer, which only a whole write changes)."""
+    ``cut``: how many characters a cut answer leaves out — its marker, which only a whole write changes)."""
 
     panel_version: int
     text: str | None
     streams: bool
     text_version: int | None = None
-    cut: str | None = None
+    cut: int | None = None
 
 
 def plan(
@@ -130,7 +132,7 @@ def plan(
     urgent: bool,
     now: float,
     pacing: Pacing,
-    cut: str | None = None,
+    cut: int | None = None,
     whole: bool = True,
     text_alone: bool = True,
 ) -> Plan:
@@ -239,15 +241,6 @@ OP_API: dict[Op, str] = {
 WRITE_APIS = ("card_content", "card_update")  # what almost every write of a card entity spends
 
 
-@dataclass(frozen=True, slots=True)
-class WriteChoices:
-    """The Open APIs a card's next write may call, best first, and when the choice may change by itself
-    (the panels fall due): a card whose every choice is over budget is looked at again then."""
-
-    apis: tuple[tuple[str, ...], ...]
-    changes_at: float = math.inf
-
-
 def choices_of(plans: tuple[Plan, ...]) -> WriteChoices:
     """``plan_ahead``'s plans as the scheduler takes them."""
     owed = [chosen.owed_at for chosen in plans if chosen.owed_at is not None]
@@ -268,7 +261,6 @@ __all__ = [
     "Plan",
     "SequenceExhausted",
     "Shown",
-    "WriteChoices",
     "apis_of",
     "choices_of",
     "plan",

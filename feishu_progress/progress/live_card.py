@@ -20,17 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from feishu_progress.cards.builder import BuiltCard
 from feishu_progress.domain import CardModel, CardState, SubagentSummary, TaskStatus
 from feishu_progress.ports import Clock, SubagentSource
-from feishu_progress.progress.card_stream import CardStream
+from feishu_progress.progress.writer import CardWriter, Delivery
 
 if TYPE_CHECKING:
     from feishu_progress.metrics import Metrics
-    from feishu_progress.progress.scheduler import Delivery
 
 log = logging.getLogger(__name__)
 
-BuildCard = Callable[[CardModel], dict[str, Any]]
+BuildCard = Callable[[CardModel], BuiltCard]
 SUBAGENT_CACHE_SECONDS = 1.0
 _VERSIONS = itertools.count(1)  # every card version in this process is distinct (see LiveCard)
 
@@ -73,6 +73,7 @@ class LiveCard:
         self,
         context: CardContext,
         *,
+        writer: CardWriter,
         clock: Clock,
         build_card: BuildCard,
         build_degraded_card: BuildCard,
@@ -80,12 +81,11 @@ class LiveCard:
         scheduler: Notifier | None = None,
         state: CardState | None = None,
         metrics: Metrics | None = None,
-        stream: CardStream | None = None,
     ) -> None:
         self.context = context
         self.stopped_reason: str | None = None
-        # A CardKit card entity (its text streams); None: the message is PATCHed whole.
-        self.stream = stream
+        # How the card reaches Feishu (a PATCHed message or a CardKit entity), chosen when it was attached.
+        self.writer = writer
         self._clock = clock
         self._build_card = build_card
         self._build_degraded_card = build_degraded_card
@@ -159,17 +159,16 @@ class LiveCard:
 
     def render_current(self) -> dict[str, Any]:
         """Build the card now from the last state and the cached subagents. Never does I/O."""
-        return self._build_card(self._model())
+        return self._build_card(self._model()).card
 
     def callback_card(self) -> dict[str, Any] | None:
-        """The card a click's answer carries: the current one, or None for a CardKit card (Feishu does not
-        update an entity from a callback answer while it streams; the click's change is written to it)."""
-        return None if self.stream is not None else self.render_current()
+        """The card a click's answer carries: the current one, or None when its writer cannot take it that
+        way (a CardKit entity is not updated from a callback answer while it streams: the click's change
+        is written to it)."""
+        return self.render_current() if self.writer.answers_clicks else None
 
     async def build_for_delivery(self, *, degraded: bool = False) -> Delivery:
         """Load subagents (cached, RUNNING only), then build the newest state for one send."""
-        from feishu_progress.progress.scheduler import Delivery
-
         # The version is taken before the load: anything recorded while the load runs (a subagent that
         # just started, a new update) makes this delivery out of date, so the scheduler sends once more.
         version, changed_at = self._version, self._changed_at
@@ -179,7 +178,7 @@ class LiveCard:
         return Delivery(
             version=version,
             changed_at=changed_at,
-            card=builder(self._model()),
+            built=builder(self._model()),
             panel_version=self._panel_version,  # after the load: a list it changed is a panel change
             streams=self.streams,
             text_version=self._text_version,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 
 from feishu_progress.config import RateSettings
 
@@ -177,3 +178,25 @@ class BudgetTable:
         if budget is None:
             budget = self._budgets[api] = AppBudget(self._rate.for_api(api), now)
         return budget
+
+    def soonest(self, apis: Iterable[str], now: float) -> float:
+        """The soonest any of ``apis`` has room (``now`` for none: nothing to wait for)."""
+        return min((self.get(api, now).next_available(now, urgent=True) for api in apis), default=now)
+
+    def take_first(
+        self, choices: tuple[tuple[str, ...], ...], now: float, spent: dict[str, float], *, urgent: bool
+    ) -> tuple[str, ...] | None:
+        """The first choice whose budgets all have room, one slot of each taken (all or none); None when
+        none has: ``spent`` then learns which were full and when each frees."""
+        for apis in choices:
+            if any(api in spent for api in apis):
+                continue
+            blocked = {
+                api: at for api in apis if (at := self.get(api, now).next_available(now, urgent=urgent)) > now
+            }
+            if not blocked:
+                for api in apis:
+                    self.get(api, now).try_take(now, urgent=urgent)
+                return apis
+            spent.update(blocked)
+        return None

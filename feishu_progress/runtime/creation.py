@@ -33,10 +33,10 @@ from feishu_progress.errors import (
     RequestRejected,
     TaskConflict,
 )
-from feishu_progress.feishu.cardkit_sink import entity_card, streaming_config
+from feishu_progress.feishu.cardkit_writer import entity_card, streaming_config
 from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
 from feishu_progress.ports import Clock
-from feishu_progress.progress.scheduler import BudgetBusy
+from feishu_progress.progress.admission import BudgetBusy
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.registry import TaskRegistry, card_context
 from feishu_progress.runtime.snapshots import state_from_record
@@ -198,7 +198,7 @@ class TaskCreator:
 
     def _paced(self, app: AppContext, api: str) -> AbstractAsyncContextManager[None]:
         """The app's budget for ``api``, waited for at most FP_RATE__CREATE_WAIT_SECONDS (then BudgetBusy)."""
-        return app.scheduler.admit(api, max_wait=self._settings.rate.create_wait_seconds)
+        return app.admission.admit(api, max_wait=self._settings.rate.create_wait_seconds)
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)

@@ -11,11 +11,10 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from feishu_progress.apps import AppRegistry
-from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.builder import build_card, build_degraded
 from feishu_progress.config import Settings
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SubagentSource
-from feishu_progress.progress.card_stream import CardStream
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.runtime.state import TaskState
 from feishu_progress.runtime.task import Task
@@ -65,21 +64,22 @@ class TaskRegistry:
     def attach(self, state: TaskState) -> Task:
         """Hold ``state`` (its first card exists) with a new live card; replaces an earlier one.
 
-        The card is written by its app's scheduler (UnknownApp when the app is no longer configured).
+        The card is written by its app's scheduler, by the writer its row names (a CardKit entity at this
+        holder's fence, or the message PATCHed whole); UnknownApp when the app is no longer configured.
         """
         if state.message_id is None:
             raise ValueError(f"task {state.session_id} has no message yet")
-        scheduler = self._apps.get(state.app).scheduler
+        app = self._apps.get(state.app)
         card = LiveCard(
             card_context(self._settings, state, state.message_id),
+            writer=app.writers.for_card(state.message_id, state.card_id, state.fence),
             clock=self._clock,
-            build_card=build_progress_card,
-            build_degraded_card=build_degraded_card,
+            build_card=build_card,
+            build_degraded_card=build_degraded,
             subagents=self._subagents,
-            scheduler=scheduler,
+            scheduler=app.scheduler,
             state=state.card_state(),
             metrics=self._metrics,
-            stream=None if state.card_id is None else CardStream(state.card_id, state.fence),
         )
         if state.stop_reason is not None:
             card.mark_stopped(state.stop_reason)  # recalled, expired...: never sent again

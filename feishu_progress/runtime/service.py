@@ -28,7 +28,8 @@ from feishu_progress.background import BackgroundTasks
 from feishu_progress.errors import NotWritableHere, TaskFinished, TooManyImages, TooManyLive, UnknownTask
 from feishu_progress.images import require_image
 from feishu_progress.images.uploads import Load
-from feishu_progress.progress.scheduler import Deliverable, DeliveryScheduler
+from feishu_progress.progress.scheduler import CardEnd, DeliveryScheduler
+from feishu_progress.progress.slots import Deliverable
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.action_log import ActionLog
 from feishu_progress.runtime.applier import EventApplier
@@ -329,7 +330,18 @@ class TaskService:
     def _scheduler_of(self, task: Task) -> DeliveryScheduler:
         return self.apps.get(task.state.app).scheduler
 
-    # -- DeliveryListener: what the scheduler tells about cards -------------------------------------
+    # -- what the schedulers tell about cards -------------------------------------------------------
+
+    async def follow_card_ends(self, ends: asyncio.Queue[CardEnd | None]) -> None:
+        """Act on each card a scheduler is done with, until it stops (the finals it flushes included)."""
+        while (end := await ends.get()) is not None:
+            try:
+                if end.reason is None:
+                    self.final_delivered(end.card)
+                else:
+                    self.card_stopped(end.card, end.reason)
+            except Exception:  # one card's end must not stop hearing about the others
+                log.exception("handling the end of the card of message %s failed", end.card.message_id)
 
     def final_delivered(self, card: Deliverable) -> None:
         task = self.registry.by_message(card.message_id)
