@@ -17,7 +17,11 @@ by another instance (the worst card; the median card in brackets). ``--pause S``
 (SIGSTOP for S seconds, then SIGCONT): takeover counts from the SIGSTOP, and STALE WRITES are updates
 the paused instance sent, after it resumed, to a card another instance had written since the pause
 (must be 0; a card nobody took meanwhile is the resumed instance's to write again), split into those
-Feishu accepted and those it refused (a CardKit write below the taker's sequence).
+Feishu accepted and those it refused (a CardKit write below the taker's sequence). ``--redis-down S``
+runs a redis-server of the bench's own and stops it for S seconds, 2 s after the kill or the SIGSTOP (a
+Redis restart during the takeover: every instance falls back to its local share of the budget, then comes
+back empty). ``--transport patch`` writes PATCHed messages instead of CardKit cards (a taken PATCHed
+card waits out the dead writer's last write; a CardKit card does not need to).
 
 (c) The cost of cluster mode: one instance with FP_REDIS_URL against one without (single mode), the
 same load, CPU s per 1 000 events (``--cost-only`` runs only this part; ``--no-cost`` skips it).
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import math
 import random
 import shutil
@@ -54,6 +59,7 @@ from bench.workload import TaskStream
 from feishu_progress.domain import TaskStatus
 from tests.cluster_checks import rate_limit_answers, takeover_seconds, undelivered_finals
 from tests.cluster_harness import Cluster, ClusterOptions
+from tests.redis_server import OwnRedis, own_redis_server
 
 DEFAULT_MYSQL_URL = "mysql+aiomysql://root@127.0.0.1:3306/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"  # the bench's own database on the shared Redis
@@ -193,18 +199,22 @@ class RunConfig:
     redis_url: str
     pause: float = 0.0  # > 0: SIGSTOP the victim this long instead of killing it
     logs: Path | None = None
+    transport: str = "cardkit"
+    redis_down: float = 0.0  # > 0: the bench's own Redis, stopped this long 2 s after the kill (SIGSTOP)
 
 
 async def one_run(config: RunConfig) -> RunResult:
     result = RunResult(config.instances, config.cluster_mode, config.tasks, config.seconds)
     database_url = await fresh_database(config.mysql_url)
-    redis_url = config.redis_url if config.cluster_mode else None
-    if redis_url is not None:
-        await empty_redis(redis_url)
-    with tempfile.TemporaryDirectory(prefix="fp-bench-cluster-") as tmp:
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="fp-bench-cluster-") as tmp:
+        own = stack.enter_context(own_redis_server()) if config.redis_down > 0 else None
+        redis_url = (own.url if own is not None else config.redis_url) if config.cluster_mode else None
+        if redis_url is not None:
+            await empty_redis(redis_url)
+        options = ClusterOptions(database_url, redis_url, env={"FP_CARD__TRANSPORT": config.transport})
         async with Cluster(Path(tmp), seed=config.seed) as cluster:
-            await cluster.start(config.instances, ClusterOptions(database_url, redis_url))
-            await _measure(cluster, config, result)
+            await cluster.start(config.instances, options)
+            await _measure(cluster, config, result, own)
         if config.logs is not None:  # each process's output, to see where a run's time went
             kept = (
                 config.logs
@@ -230,7 +240,15 @@ async def _batches_logged(cluster: Cluster) -> float:
     return total
 
 
-async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> None:
+async def _restart_redis(server: OwnRedis, down: float) -> None:
+    """2 s after the kill, stop the bench's Redis for ``down`` seconds, then start an empty one."""
+    await asyncio.sleep(2)
+    await asyncio.to_thread(server.stop)
+    await asyncio.sleep(down)
+    await asyncio.to_thread(server.start)
+
+
+async def _measure(cluster: Cluster, config: RunConfig, result: RunResult, own: OwnRedis | None) -> None:
     runtime = Runtime(cluster)
     created = await runtime.create(config.tasks)
     rng = random.Random(config.seed)
@@ -250,6 +268,9 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
         await asyncio.sleep(config.seconds / 2)
         victim_index = config.instances - 1
         victim = cluster.instances[victim_index].instance_id
+        restart = None
+        if own is not None:
+            restart = asyncio.create_task(_restart_redis(own, config.redis_down))
         if config.pause > 0:
             killed_at = cluster.sigstop(victim_index)
             await asyncio.sleep(config.pause)
@@ -257,6 +278,8 @@ async def _measure(cluster: Cluster, config: RunConfig, result: RunResult) -> No
         else:
             cpu_after[victim_index] = cpu_seconds(pids[victim_index])
             killed_at = await cluster.kill9(victim_index)
+        if restart is not None:
+            await restart
         await asyncio.sleep(config.seconds - (time.monotonic() - window_start))
     else:
         await asyncio.sleep(config.seconds)
@@ -396,6 +419,13 @@ def main() -> None:
     parser.add_argument(
         "--pause", type=float, default=0.0, help="SIGSTOP the victim this many seconds instead of kill -9"
     )
+    parser.add_argument(
+        "--redis-down",
+        type=float,
+        default=0.0,
+        help="stop the bench's own Redis this long, 2 s after the kill",
+    )
+    parser.add_argument("--transport", choices=("cardkit", "patch"), default="cardkit")
     parser.add_argument("--cost-only", action="store_true", help="only (c): 1 instance, cluster vs single")
     parser.add_argument("--no-cost", action="store_true", help="skip (c)")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
@@ -416,6 +446,8 @@ def main() -> None:
             redis_url=args.redis_url,
             pause=args.pause,
             logs=args.logs,
+            transport=args.transport,
+            redis_down=args.redis_down,
         )
         started = time.monotonic()
         result = asyncio.run(one_run(config))

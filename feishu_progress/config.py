@@ -299,8 +299,8 @@ class ClusterSettings(BaseModel):
     # How peers reach this instance's public listener to forward a request for a card it writes.
     # Unset: http://<hostname or the bound address>:<FP_HTTP__PORT>.
     advertise_url: str | None = None
-    heartbeat_seconds: float = Field(default=1.5, gt=0)
-    lease_seconds: float = Field(default=5.0, gt=0)
+    heartbeat_seconds: float = Field(default=1.0, gt=0)
+    lease_seconds: float = Field(default=4.0, gt=0)
     # Open API calls time out this fast in cluster mode: a new owner waits this long after taking a
     # card from a dead instance, so a PATCH the dead one had in flight can no longer land after its own.
     write_timeout_seconds: float = Field(default=2.5, gt=0)

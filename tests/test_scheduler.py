@@ -184,6 +184,33 @@ async def test_retry_message_waits_retry_after_then_sends_the_newest_state() -> 
         assert h.metrics.value("fp_rate_limit_hits_total", {"kind": "message"}) == 1
 
 
+async def test_a_held_card_sends_nothing_before_the_deadline_then_its_newest_state() -> None:
+    """A card taken from a dead instance: the hold is a deadline fixed at the take, so time spent
+    loading the card counts towards it (the first write is not pushed later by the load)."""
+    async with Harness() as h:
+        card = h.card()
+        h.scheduler.hold(card, h.clock.monotonic() + 1.5)
+        step(card, 1)
+        await h.clock.advance(1.0)
+        step(card, 2)
+        await h.clock.advance(0.49)
+        assert h.sink.records == []
+        await h.clock.advance(0.02)
+        (first,) = h.sink.records
+        assert first.started >= 1000.0 + 1.5 - EPS
+        assert first.card["content"] == "step 2"
+
+
+async def test_a_card_feishu_fences_itself_is_not_held() -> None:
+    async with Harness() as h:
+        card = h.card()
+        card.writer.refuses_stale_writes = True  # type: ignore[misc]  # a CardKit entity's writer
+        h.scheduler.hold(card, h.clock.monotonic() + 1.5)
+        step(card, 1)
+        await h.clock.advance(0.1)
+        assert len(h.sink.records) == 1
+
+
 async def test_retry_message_never_retries_sooner_than_the_interval() -> None:
     async with Harness() as h:
         card = h.card()

@@ -112,6 +112,7 @@ class FakeWriter:
 
     apis = ("patch",)
     answers_clicks = True
+    refuses_stale_writes = False
 
     def __init__(self, sink: FakeSink, message_id: str, interval: float) -> None:
         self.sink = sink

@@ -174,19 +174,21 @@ class ClusterMode:
                 raise OwnedElsewhere(session_id, seen.owner, peer.address)
             taken = await self.owners.take_many([seen])  # a row a paused instance locked: not waited for
             if taken:
-                return self._claim_of(taken[0])
+                return self._claim_of(taken[0], self._clock.monotonic())
         raise OwnedElsewhere(session_id, "another instance", None)
 
     def release_later(self, session_ids: Sequence[int]) -> None:
         self._background.spawn(self.owners.release(list(session_ids)), name="cluster-release")
 
-    def _claim_of(self, taken: Taken) -> Claim:
+    def _claim_of(self, taken: Taken, taken_at: float) -> Claim:
         """A dead owner stopped starting writes SAFETY_MARGIN before its lease ran out, and each write
-        times out after write_timeout: the new owner's first write waits out only what is left of that."""
+        times out after write_timeout: the new owner's first write waits out only what is left of that,
+        counted from ``taken_at`` (when the take returned), not from when the card is loaded."""
         if not taken.from_dead_owner:
             return Claim(taken.fence, fence_moved=True)
         in_flight_until = self._settings.cluster.write_timeout_seconds - SAFETY_MARGIN_SECONDS
-        return Claim(taken.fence, max(0.0, in_flight_until - taken.expired_for), fence_moved=True)
+        left = in_flight_until - taken.expired_for
+        return Claim(taken.fence, taken_at + left if left > 0 else 0.0, fence_moved=True)
 
     # -- DeliveryGate (for the scheduler) -----------------------------------------------------------
 
@@ -316,10 +318,11 @@ class ClusterMode:
         assert self.service is not None
         service = self.service
         adopted = 0
+        taken_at = self._clock.monotonic()  # a card loaded late (8 at a time) has waited meanwhile
 
         async def adopt(card: Taken) -> None:
             nonlocal adopted
-            if await service.adopt(card.session_id, self._claim_of(card)) is not None:
+            if await service.adopt(card.session_id, self._claim_of(card, taken_at)) is not None:
                 adopted += 1
 
         await _each(taken, adopt, ADOPT_CONCURRENCY)

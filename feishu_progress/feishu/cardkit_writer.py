@@ -117,6 +117,7 @@ class CardKitWriter:
 
     apis = WRITE_APIS
     answers_clicks = False  # a streaming entity cannot be updated from a callback answer
+    refuses_stale_writes = True  # sequences at the new fence count above every one the old holder sent
 
     def __init__(self, style: CardKitStyle, stream: CardStream) -> None:
         self._style = style

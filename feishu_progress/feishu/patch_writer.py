@@ -31,6 +31,7 @@ class PatchWriter:
 
     apis = (PATCH,)
     answers_clicks = True  # a click's answer carries the new card itself
+    refuses_stale_writes = False  # a PATCH has no fence: a late one from a dead holder would land
 
     def __init__(self, client: CardPatcher, message_id: str, *, interval: float) -> None:
         self._client = client

@@ -166,12 +166,15 @@ class DeliveryScheduler:
         if self._slots.changed(card, urgent=urgent, now=self._clock.monotonic()):
             self._events.wake.set()
 
-    def hold(self, card: Deliverable, seconds: float) -> None:
-        """Send nothing of ``card`` for ``seconds`` (a card taken from a dead instance: its last write may
-        still be in flight), then its newest state."""
+    def hold(self, card: Deliverable, until: float) -> None:
+        """Send nothing of ``card`` before ``until`` (the clock's monotonic time; a card taken from a dead
+        instance: its last write may still be in flight), then its newest state. A card whose writes
+        Feishu fences itself (``refuses_stale_writes``) has nothing to wait out."""
+        if card.writer.refuses_stale_writes:
+            return
         slot = self._slots.slot(card)
         self._apis.update(card.writer.apis)
-        slot.next_start = max(slot.next_start, self._clock.monotonic() + seconds)
+        slot.next_start = max(slot.next_start, until)
         if slot.token != 0:
             self._queue.put(slot)  # at its new time
 

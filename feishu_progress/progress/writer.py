@@ -100,6 +100,13 @@ class CardWriter(Protocol):
         updated from a callback answer: its change is written instead)."""
         ...
 
+    @property
+    def refuses_stale_writes(self) -> bool:
+        """Whether Feishu itself refuses a write an earlier holder of the card still had in flight (a
+        CardKit sequence below the new fence's); when not, a card taken from a dead instance waits out
+        that write (``DeliveryScheduler.hold``)."""
+        ...
+
     def choices(self, card: CardVersions, *, urgent: bool) -> WriteChoices: ...
 
     async def write(self, delivery: Delivery, *, urgent: bool, calls: Calls) -> WriteOutcome: ...

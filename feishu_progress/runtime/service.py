@@ -47,16 +47,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Claim:
     """This instance writes the card now: at ``fence`` when it took the card from another writer (cluster
-    mode), or at the fence it saved (None: single mode, where it always wrote it); ``hold`` seconds
-    before its first write.
+    mode), or at the fence it saved (None: single mode, where it always wrote it); nothing written before
+    ``hold_until`` (the clock's monotonic time; 0: no wait), counted from the take so that loading the
+    card overlaps the wait instead of adding to it.
 
     ``fence_moved``: the fence was just moved for this instance (a take), so it is a new epoch already. The
-    hold applies to a PATCHed card only: a CardKit card's sequences at the new fence count above every
-    one the old writer could still send, so Feishu refuses a late write of its own accord.
+    scheduler holds a PATCHed card only (``CardWriter.refuses_stale_writes``): a CardKit card's sequences
+    at the new fence count above every one the old writer could still send, so Feishu refuses a late
+    write of its own accord.
     """
 
     fence: int | None = None
-    hold: float = 0.0
+    hold_until: float = 0.0
     fence_moved: bool = False
 
     @property
@@ -170,8 +172,8 @@ class TaskService:
         if held is not None:
             return held
         task = self.registry.attach(state)
-        if claim.hold > 0 and state.card_id is None:
-            self._scheduler_of(task).hold(task.card, claim.hold)
+        if claim.hold_until > 0:
+            self._scheduler_of(task).hold(task.card, claim.hold_until)
         # Batches others logged for it, soon (after the hold: applying them may schedule a write). Not
         # awaited: a takeover loads a dead instance's cards by the dozen, and a batch that
         # arrives first applies them itself before its own.
