@@ -8,6 +8,7 @@ answered: not one rate-limit answer is allowed.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from feishu_progress.images import ImageUploads
 from feishu_progress.ports import SystemClock
 from feishu_progress.progress.admission import Admission
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
-from feishu_progress.progress.rate_budget import BudgetTable
+from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from tests.rigs import eventually
@@ -271,3 +272,24 @@ async def test_image_uploads_stay_within_the_image_budget_over_real_http() -> No
         assert len(set(keys)) == 9
         assert sandbox.state.rate_limited() == 0, dict(sandbox.state.responses)
         assert took >= 1.9  # 9 uploads at 3/s: the budget spread them over (at least) two more seconds
+
+
+def test_a_slot_whose_call_was_never_made_frees_at_once_a_made_one_a_window_after_it_ended() -> None:
+    budget = AppBudget(RateSettings(app_per_second=1, app_per_minute=1000), now=0.0)
+    assert budget.try_take(0.0, urgent=True)
+    budget.release(0.1)  # the write did not need the call: nothing reached Feishu
+    assert budget.next_available(0.1, urgent=True) == 0.1
+    assert budget.try_take(0.1, urgent=True)
+    budget.settle(0.2)  # answered at 0.2: the gateway may count it until then, so a window on from there
+    assert budget.next_available(0.3, urgent=True) == pytest.approx(1.2)
+
+
+def test_behind_a_gate_an_urgent_call_is_held_only_by_a_pause() -> None:
+    budget = AppBudget(RateSettings(app_per_second=1, app_per_minute=1000), now=0.0)
+    assert budget.try_take(0.0)  # in flight: the per-second window is full
+    assert budget.next_available(0.0) == math.inf
+    assert budget.next_available(0.0, urgent=True) == math.inf
+    assert budget.next_available(0.0, urgent=True, behind_gate=True) == 0.0
+    assert budget.next_available(0.0, behind_gate=True) == math.inf  # ordinary ones still wait here
+    budget.pause_until(5.0)  # a gateway limit pauses every call of the app, urgent ones too
+    assert budget.next_available(0.0, urgent=True, behind_gate=True) == 5.0

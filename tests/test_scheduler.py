@@ -211,6 +211,46 @@ async def test_a_card_feishu_fences_itself_is_not_held() -> None:
         assert len(h.sink.records) == 1
 
 
+class HoldingGate:
+    """A cluster gate whose shared budget lets no ordinary call through until ``open``; urgent ones pass."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.urgent_entered = 0
+
+    async def enter(self, api: str, *, urgent: bool) -> object | None:
+        if urgent:
+            self.urgent_entered += 1
+        else:
+            await self.opened.wait()
+        return object()
+
+    def leave(self, grant: object) -> None:
+        return None
+
+    def paused(self, api: str, seconds: float) -> None:
+        return None
+
+
+async def test_behind_a_gate_an_urgent_card_is_not_held_by_ordinary_flights_queued_at_the_gate() -> None:
+    """Cluster mode: ordinary flights waiting at the shared budget fill the local window; a card just
+    taken over (urgent) must still go at once: the shared budget, not the local one, holds it."""
+    gate = HoldingGate()
+    async with Harness(rate=RateSettings(app_per_second=2, app_per_minute=1000), gate=gate) as h:
+        ordinary = [h.card(f"om_{n}") for n in range(2)]
+        for card in ordinary:
+            step(card, 1)
+        await h.clock.advance(0.01)
+        assert h.sink.records == []  # both launched, both waiting at the gate: the window is full
+        taken = h.card("om_taken")
+        push(taken, urgent=True, status=RUNNING, round=1, content="taken over")
+        await h.clock.advance(0.01)
+        assert [r.message_id for r in h.sink.records] == ["om_taken"]
+        gate.opened.set()
+        await h.clock.advance(0.01)
+        assert len(h.sink.records) == 3
+
+
 async def test_retry_message_never_retries_sooner_than_the_interval() -> None:
     async with Harness() as h:
         card = h.card()

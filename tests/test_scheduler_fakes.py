@@ -21,7 +21,7 @@ from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import CardContext, LiveCard
 from feishu_progress.progress.rate_budget import BudgetTable
 from feishu_progress.progress.scheduler import DeliveryScheduler
-from feishu_progress.progress.writer import Calls, CardVersions, Delivery, WriteChoices
+from feishu_progress.progress.writer import Calls, CardVersions, Delivery, DeliveryGate, WriteChoices
 from tests.fakes import FakeClock, card_state
 
 
@@ -177,6 +177,7 @@ class Harness:
         rate: RateSettings | None = None,
         backoff: BackoffPolicy | None = None,
         breaker: OutageBreaker | None = None,
+        gate: DeliveryGate | None = None,
     ) -> None:
         self.clock = FakeClock(start=1000.0)
         self.sink = FakeSink(self.clock, delay)
@@ -192,6 +193,7 @@ class Harness:
             backoff=backoff,
             rng=random.Random(7),
             breaker=breaker,
+            gate=gate,
         )
 
     def _hear_ends(self) -> None:

@@ -64,6 +64,11 @@ class SlidingWindow:
             self._in_flight -= 1
             bisect.insort(self._ends, end)
 
+    def release(self) -> None:
+        """The slot's request was never sent: nothing reached the gateway, so the slot frees now."""
+        if self._in_flight > 0:
+            self._in_flight -= 1
+
 
 class TokenBucket:
     """Tokens refill at ``rate`` per second up to ``capacity``; one event takes one token."""
@@ -89,6 +94,11 @@ class TokenBucket:
         """Take one token (the caller checked ``next_free`` first)."""
         self._refill(now)
         self._tokens -= 1.0
+
+    def give_back(self, now: float) -> None:
+        """Return a token whose event never happened."""
+        self._refill(now)
+        self._tokens = min(self.capacity, self._tokens + 1.0)
 
     def resize(self, capacity: float, rate: float, now: float) -> None:
         """New capacity and rate from ``now`` on; the tokens already spent stay spent (a full bucket
@@ -126,19 +136,26 @@ class AppBudget:
         """Monotonic time until which no PATCH may start (``-inf`` when not paused)."""
         return self._paused_until
 
-    def next_available(self, now: float, *, urgent: bool = False) -> float:
+    def next_available(self, now: float, *, urgent: bool = False, behind_gate: bool = False) -> float:
         """The earliest time one more PATCH may start.
 
         An urgent one (a final state, a click) is held only by the hard windows, not by the smoothing
         bucket: it borrows from the bucket (which may go below zero), and ordinary updates repay it.
         That is what lets 100 finals go out within two seconds after an outage.
+
+        ``behind_gate`` (cluster mode): every call then passes the shared budget at the gate, which holds
+        the whole app to Feishu's limits, so an urgent one is held only by a pause here. The local
+        windows count flights from their start, and ordinary flights queued at the gate fill them: a
+        card taken over waited for one of those to finish, at this instance's share of the shared rate.
         """
+        if urgent and behind_gate:
+            return max(now, self._paused_until)
         hard = max(self._paused_until, self._second.next_free(now), self._minute.next_free(now))
         return hard if urgent else max(hard, self._spread.next_free(now))
 
-    def try_take(self, now: float, *, urgent: bool = False) -> bool:
+    def try_take(self, now: float, *, urgent: bool = False, behind_gate: bool = False) -> bool:
         """Count one PATCH start at ``now`` if the budget allows it."""
-        if self.next_available(now, urgent=urgent) > now:
+        if self.next_available(now, urgent=urgent, behind_gate=behind_gate) > now:
             return False
         self._second.record(now)
         self._minute.record(now)
@@ -149,6 +166,13 @@ class AppBudget:
         """One request counted by ``try_take`` ended at ``end`` (answered, failed or cancelled)."""
         self._second.settle(end)
         self._minute.settle(end)
+
+    def release(self, now: float) -> None:
+        """One request counted by ``try_take`` was never sent (its write did not need the call, or the
+        gate let nothing out): its slots free at once instead of holding a window for nothing."""
+        self._second.release()
+        self._minute.release()
+        self._spread.give_back(now)
 
     def minute_use(self, now: float) -> float:
         """The share of the per-minute limit held at ``now`` (0..1; what ``/metrics`` reports)."""
@@ -184,19 +208,29 @@ class BudgetTable:
         return min((self.get(api, now).next_available(now, urgent=True) for api in apis), default=now)
 
     def take_first(
-        self, choices: tuple[tuple[str, ...], ...], now: float, spent: dict[str, float], *, urgent: bool
+        self,
+        choices: tuple[tuple[str, ...], ...],
+        now: float,
+        spent: dict[str, float],
+        *,
+        urgent: bool,
+        behind_gate: bool = False,
     ) -> tuple[str, ...] | None:
         """The first choice whose budgets all have room, one slot of each taken (all or none); None when
-        none has: ``spent`` then learns which were full and when each frees."""
+        none has: ``spent`` then learns which were full and when each frees (``behind_gate``: see
+        ``AppBudget.next_available``)."""
         for apis in choices:
-            if any(api in spent for api in apis):
+            if not (urgent and behind_gate) and any(api in spent for api in apis):
                 continue
             blocked = {
-                api: at for api in apis if (at := self.get(api, now).next_available(now, urgent=urgent)) > now
+                api: at
+                for api in apis
+                if (at := self.get(api, now).next_available(now, urgent=urgent, behind_gate=behind_gate))
+                > now
             }
             if not blocked:
                 for api in apis:
-                    self.get(api, now).try_take(now, urgent=urgent)
+                    self.get(api, now).try_take(now, urgent=urgent, behind_gate=behind_gate)
                 return apis
             spent.update(blocked)
         return None

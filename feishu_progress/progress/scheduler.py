@@ -232,11 +232,12 @@ class DeliveryScheduler:
         """Start the best ready cards the budget allows; return when to look again (None: on a wake)."""
         if self.breaker.is_open:
             return self._launch_probe(now)
-        budget_at = self._budgets.soonest(self._apis, now)  # the soonest any card may get a budget
-        if budget_at > now and self._queue:
-            # Every budget is spent: no card can start before budget_at (a pass stays O(1) meanwhile).
-            return None if math.isinf(budget_at) else budget_at
         self._queue.due(now)
+        budget_at = self._budgets.soonest(self._apis, now)  # the soonest any card may get a budget
+        if budget_at > now and self._queue and not (self.has_gate and self._queue.first_waiting()):
+            # Every budget is spent: no card can start before budget_at (a pass stays O(1) meanwhile),
+            # but behind a gate an urgent card is held only by the shared budget there.
+            return None if math.isinf(budget_at) else budget_at
         spent: dict[str, float] = {}  # budgets found spent in this pass, and when they refill
         waiting: list[CardSlot] = []  # ready, but a budget it needs is spent
         earliest = math.inf
@@ -245,7 +246,9 @@ class DeliveryScheduler:
                 self._slots.let_go(slot)
                 continue
             choices = slot.card.writer.choices(slot.card, urgent=slot.first)
-            apis = self._budgets.take_first(choices.apis, now, spent, urgent=slot.first)
+            apis = self._budgets.take_first(
+                choices.apis, now, spent, urgent=slot.first, behind_gate=self.has_gate
+            )
             if apis is not None:
                 slot.launch(now, apis)
                 self._flights.spawn(self._deliver(slot), name=f"fp-write-{slot.card.message_id}")
@@ -270,7 +273,11 @@ class DeliveryScheduler:
         slot = min(waiting, key=lambda s: s.priority())
         spent: dict[str, float] = {}
         apis = self._budgets.take_first(
-            slot.card.writer.choices(slot.card, urgent=True).apis, now, spent, urgent=True
+            slot.card.writer.choices(slot.card, urgent=True).apis,
+            now,
+            spent,
+            urgent=True,
+            behind_gate=self.has_gate,
         )
         if apis is None:
             return min(spent.values())  # the soonest one of its choices has room
@@ -292,9 +299,16 @@ class DeliveryScheduler:
                 self._queue.put(slot)
             raise
         finally:
-            # Whatever happened (answered, failed, cancelled), the budget slots free one window from now.
+            # Whatever happened (answered, failed, cancelled), a call made frees its budget slot one
+            # window from now; a slot whose call was never made (the built card did not need it, or the
+            # gate let nothing out) frees at once: nothing reached Feishu, so holding it for a window
+            # would only keep other cards from a budget that has room.
+            now = self._clock.monotonic()
             for api in slot.flight_apis:
-                self.budget_of(api).settle(self._clock.monotonic())
+                if api in slot.flight_sent:
+                    self.budget_of(api).settle(now)
+                else:
+                    self.budget_of(api).release(now)
         now = self._clock.monotonic()
         if outcome.kind is OutcomeKind.NOT_NOW:  # this instance may not write now: the state waits
             self._flight_over(slot, retry_at=now + NOT_NOW_SECONDS)

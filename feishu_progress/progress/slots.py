@@ -16,7 +16,7 @@ import heapq
 import itertools
 import math
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from feishu_progress.progress.writer import CardVersions, CardWriter, Delivery, DeliveryGate
@@ -69,6 +69,7 @@ class CardSlot:
     probe: bool = False  # this flight is the outage breaker's probe
     follow_up_at: float | None = None  # the writer owes more of the card (CardKit panels) from then
     flight_apis: tuple[str, ...] = ()  # the Open APIs whose budget this flight holds
+    flight_sent: set[str] = field(default_factory=set)  # those of them the flight has called
     token: int = 0  # its live ready-queue entry (0: not queued)
     queued_at: float = math.inf  # when that entry lets it go
     queued_first: bool = False  # whether that entry put it ahead of ordinary updates
@@ -96,6 +97,7 @@ class CardSlot:
         self.in_flight = True
         self.flight_version = self.card.version
         self.flight_apis = apis
+        self.flight_sent = set()
         self.next_start = now + self.card.writer.interval
         self.flight_urgent, self.urgent = self.urgent, False
         self.flight_waiting_since, self.waiting_since = self.waiting_since, None
@@ -151,6 +153,13 @@ class ReadyQueue:
             _, token, slot = heapq.heappop(later)
             if token == slot.token:
                 heapq.heappush(self._now, (slot.priority(), token, slot))
+
+    def first_waiting(self) -> bool:
+        """Whether the best card whose time has come goes ahead of ordinary updates."""
+        ready = self._now
+        while ready and ready[0][1] != ready[0][2].token:
+            heapq.heappop(ready)
+        return bool(ready) and ready[0][0][0] == 0
 
     def pop(self) -> CardSlot | None:
         """The best card whose time has come (no longer queued), or None."""
@@ -273,6 +282,7 @@ class FlightCalls:
             yield False  # taken by another instance meanwhile, or no lease now: nothing is sent
             return
         slot.sending = True
+        slot.flight_sent.add(api)
         try:
             yield True
         finally:
