@@ -457,7 +457,7 @@ def _start_loops(services: Services) -> None:
         background.spawn(services.service.follow_card_ends(app.scheduler.ends), name=f"card-ends-{app.name}")
     background.spawn(services.service.housekeeping.run(stopper), name="housekeeping")
     background.spawn(services.service.snapshots.run(stopper), name="persist-snapshots")
-    services.topology.start_loops(stopper)
+    services.topology.start_loops(stopper, services.service)
 
 
 async def _sandboxed(setup: Setup, stack: AsyncExitStack) -> tuple[list[AppSpec], RunningSandbox | None]:

@@ -92,7 +92,7 @@ class Topology(Protocol):
         """Hold this instance's cards (after a restart, or taken over); returns how many."""
         ...
 
-    def start_loops(self, stopper: Stopper) -> None: ...
+    def start_loops(self, stopper: Stopper, service: TaskService) -> None: ...
 
     async def hand_over(self, apps: AppRegistry, service: TaskService) -> bool:
         """Graceful stop: hand the cards to live peers instead of flushing them (False: not done)."""
@@ -153,7 +153,7 @@ class SingleInstance:
             log.warning("callback dedupe keys could not be loaded: %s", type(exc).__name__)
         return await service.restore()
 
-    def start_loops(self, stopper: Stopper) -> None:
+    def start_loops(self, stopper: Stopper, service: TaskService) -> None:
         self._background.spawn(self.holder.run(stopper), name="database-holder")
 
     async def hand_over(self, apps: AppRegistry, service: TaskService) -> bool:

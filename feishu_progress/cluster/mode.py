@@ -88,7 +88,6 @@ class ClusterMode:
             request_timeout=cluster.lease_seconds,  # a paused owner's lease runs out meanwhile
             click_timeout=cluster.forward_timeout_seconds,
         )
-        self.service: TaskService | None = None
         self._redis_problem: str | None = None
         self._scan_now = asyncio.Event()
         self._order = UrgentFirst()  # the default app's budget (each other app's gate has its own)
@@ -118,29 +117,33 @@ class ClusterMode:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
+    # The task service is handed to each method that loads or drops its cards, never kept: the service
+    # is built with this mode (its Ownership), so the mode cannot be built with the service.
+
     async def start(self, service: TaskService) -> int:
         """Take the lease, then this instance's own cards (after a restart) and any orphans."""
-        self.service = service
         await self.forwarder.open()
         await self.lease.acquire()
         mine = await self.owners.mine()
-        return await self._adopt_all(mine) + await self._adopt_all(
-            self._my_share(await self.owners.orphans())
+        return await self._adopt_all(service, mine) + await self._adopt_all(
+            service, self._my_share(await self.owners.orphans())
         )
 
-    def start_loops(self, stopper: Stopper) -> None:
-        self._background.spawn(self.lease.run(stopper, self._lease_lost), name="cluster-heartbeat")
-        self._background.spawn(self._scan(stopper), name="cluster-takeover")
-        self._background.spawn(self._nudges(stopper), name="cluster-nudges")
+    def start_loops(self, stopper: Stopper, service: TaskService) -> None:
+        async def lost() -> None:
+            await self._lease_lost(service)
 
-    async def hand_over(self, in_flight: set[str]) -> int:
+        self._background.spawn(self.lease.run(stopper, lost), name="cluster-heartbeat")
+        self._background.spawn(self._scan(stopper, service), name="cluster-takeover")
+        self._background.spawn(self._nudges(stopper, service), name="cluster-nudges")
+
+    async def hand_over(self, in_flight: set[str], service: TaskService) -> int:
         """Graceful stop: release every card with no write in flight, then tell the others (drain).
 
         A card whose write is still in flight stays owned: the others take it as from a dead owner and
         wait out the write timeout before their first write, so the late write cannot land after theirs.
         """
-        assert self.service is not None
-        quiet = [t.session_id for t in self.service.registry if t.card.message_id not in in_flight]
+        quiet = [t.session_id for t in service.registry if t.card.message_id not in in_flight]
         await self.owners.release(quiet)
         await self.lease.drain()
         await self._publish(SCAN_NOW)  # the others take them now, not at their next scan
@@ -230,16 +233,15 @@ class ClusterMode:
         except (RedisError, OSError, TimeoutError) as exc:  # the 1 s backstops still see it
             self._redis_down(exc)
 
-    async def _nudges(self, stopper: Stopper) -> None:
+    async def _nudges(self, stopper: Stopper, service: TaskService) -> None:
         while not stopper.stopping:
             try:
-                await self._listen(stopper)
+                await self._listen(stopper, service)
             except (RedisError, OSError, TimeoutError) as exc:
                 self._redis_down(exc)
             await stopper.pause(REDIS_RETRY_SECONDS)
 
-    async def _listen(self, stopper: Stopper) -> None:
-        assert self.service is not None
+    async def _listen(self, stopper: Stopper, service: TaskService) -> None:
         async with self.redis.pubsub() as pubsub:
             await pubsub.subscribe(NUDGE_CHANNEL)
             self._redis_problem = None
@@ -248,13 +250,12 @@ class ClusterMode:
                 if nudge == SCAN_NOW:
                     self._scan_now.set()
                 elif nudge.isdigit() and len(nudge) <= 18:
-                    self._nudged(int(nudge))
+                    self._nudged(service, int(nudge))
 
-    def _nudged(self, session_id: int) -> None:
-        assert self.service is not None
-        self.service.action_log.notify(session_id)
-        if self.service.registry.get(session_id) is not None:
-            self._background.spawn(self.service.replay_actions(session_id), name="cluster-replay")
+    def _nudged(self, service: TaskService, session_id: int) -> None:
+        service.action_log.notify(session_id)
+        if service.registry.get(session_id) is not None:
+            self._background.spawn(service.replay_actions(session_id), name="cluster-replay")
 
     def redis_problem(self) -> str | None:
         """Why Redis is out of reach (the budget then spends a local share), or None."""
@@ -270,7 +271,7 @@ class ClusterMode:
 
     # -- takeover -----------------------------------------------------------------------------------
 
-    async def _scan(self, stopper: Stopper) -> None:
+    async def _scan(self, stopper: Stopper, service: TaskService) -> None:
         while not stopper.stopping:
             await event_or_timeout(self._scan_now, self._clock, TAKEOVER_SCAN_SECONDS)
             self._scan_now.clear()
@@ -282,16 +283,15 @@ class ClusterMode:
                 log.exception("takeover scan failed")
                 taken = []
             if taken:  # loaded beside the scan: the next one may find more orphans meanwhile
-                self._background.spawn(self._adopt(taken), name="cluster-adopt")
+                self._background.spawn(self._adopt(service, taken), name="cluster-adopt")
             # Beside the scan, never in its way: catching up a busy card waits for its lock and the
             # database, and a scan held up by it once found a dead instance's cards 8 s late.
             if self._catching_up is None or self._catching_up.done():
-                self._catching_up = self._background.spawn(self._catch_up_logged(), name="cluster-catch-up")
+                catch_up = self._catch_up_logged(service)
+                self._catching_up = self._background.spawn(catch_up, name="cluster-catch-up")
 
-    async def _catch_up_logged(self) -> None:
+    async def _catch_up_logged(self, service: TaskService) -> None:
         """Apply batches others logged for this instance's cards (the backstop to a lost nudge)."""
-        assert self.service is not None
-        service = self.service
         try:
             pending = await self.event_log.pending_for(self.instance_id)
         except Exception:  # the next scan tries again
@@ -309,14 +309,12 @@ class ClusterMode:
     def _my_share(self, orphans: Sequence[Owner]) -> list[Owner]:
         return self._shares.mine(orphans, self.lease.live_ids)
 
-    async def _adopt_all(self, seen: Sequence[Owner]) -> int:
+    async def _adopt_all(self, service: TaskService, seen: Sequence[Owner]) -> int:
         """Take ``seen`` in one statement and hold them; how many are held now."""
-        return await self._adopt(await self.owners.take_many(seen))
+        return await self._adopt(service, await self.owners.take_many(seen))
 
-    async def _adopt(self, taken: Sequence[Taken]) -> int:
+    async def _adopt(self, service: TaskService, taken: Sequence[Taken]) -> int:
         """Load cards this instance took, a few at a time; how many are held now."""
-        assert self.service is not None
-        service = self.service
         adopted = 0
         taken_at = self._clock.monotonic()  # a card loaded late (8 at a time) has waited meanwhile
 
@@ -330,12 +328,11 @@ class ClusterMode:
             log.info("took over %d card(s)", adopted)
         return adopted
 
-    async def _lease_lost(self) -> None:
+    async def _lease_lost(self, service: TaskService) -> None:
         """This instance was paused or cut off past its lease: its cards may be someone else's now."""
-        assert self.service is not None
-        held = [task.session_id for task in self.service.registry]
-        self.service.drop_local(held)
-        await self._adopt_all(await self.owners.mine())  # the ones nobody took meanwhile
+        held = [task.session_id for task in service.registry]
+        service.drop_local(held)
+        await self._adopt_all(service, await self.owners.mine())  # the ones nobody took meanwhile
 
 
 def _nudge_text(message: Mapping[str, Any] | None) -> str:

@@ -98,8 +98,8 @@ class ClusterTopology:
     async def start(self, service: TaskService) -> int:
         return await self.cluster.start(service)
 
-    def start_loops(self, stopper: Stopper) -> None:
-        self.cluster.start_loops(stopper)
+    def start_loops(self, stopper: Stopper, service: TaskService) -> None:
+        self.cluster.start_loops(stopper, service)
 
     async def hand_over(self, apps: AppRegistry, service: TaskService) -> bool:
         """With live peers: stop writing, then release every card with no write in flight to them."""
@@ -110,7 +110,7 @@ class ClusterTopology:
         for flights in await asyncio.gather(*(app.scheduler.stop_and_report(wait) for app in apps)):
             in_flight |= flights
         await service.snapshots.flush()
-        released = await self.cluster.hand_over(in_flight)
+        released = await self.cluster.hand_over(in_flight, service)
         log.info(
             "handed %d card(s) over (%d with a write in flight wait out its timeout)",
             released,
