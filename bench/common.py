@@ -32,9 +32,9 @@ def machine() -> str:
     return f"{os.cpu_count()} × {model}, Python {platform.python_version()} ({sys.platform})"
 
 
-def rss_bytes() -> int:
-    """This process's resident set size now (VmRSS), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss_bytes(pid: int | str = "self") -> int:
+    """The resident set size (VmRSS) of process ``pid`` (default: this one) now, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0

@@ -107,7 +107,10 @@ def _serve_sandbox(queue: Any, scale: float) -> None:
 # --- the service process ---------------------------------------------------------------------------
 
 
-def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, workdir: str) -> None:
+def _serve_service(
+    queue: Any, sandbox_url: str, scale: float, transport: str, workdir: str, *, admin_port: int = 0
+) -> None:
+    """The service in this process; ``admin_port`` 0 is any free port (soak.py names one to scrape)."""
     import logging
 
     logging.basicConfig(level=logging.CRITICAL)
@@ -134,7 +137,7 @@ def _serve_service(queue: Any, sandbox_url: str, scale: float, transport: str, w
             timeout_seconds=30,
         ),
         http=HttpSettings(host="127.0.0.1", port=0),
-        admin=AdminSettings(host="127.0.0.1", port=0),
+        admin=AdminSettings(host="127.0.0.1", port=admin_port),
         task=TaskSettings(stale_after=10**7),  # scaled setup must not close tasks as 失去联系
         api=ApiSettings(token=API_TOKEN),
         card=CardSettings(transport=transport),  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ from feishu_progress.feishu.pipeline import CallbackPipeline
 from feishu_progress.feishu.writers import CardWriters
 from feishu_progress.feishu.ws import LongConnection
 from feishu_progress.images import ImageFetcher
+from feishu_progress.loop_lag import watch_loop_lag
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SystemClock
 from feishu_progress.progress.admission import Admission
@@ -457,6 +458,7 @@ def _start_loops(services: Services) -> None:
         background.spawn(services.service.follow_card_ends(app.scheduler.ends), name=f"card-ends-{app.name}")
     background.spawn(services.service.housekeeping.run(stopper), name="housekeeping")
     background.spawn(services.service.snapshots.run(stopper), name="persist-snapshots")
+    background.spawn(watch_loop_lag(services.metrics.event_loop_lag, stopper), name="event-loop-lag")
     services.topology.start_loops(stopper, services.service)
 
 

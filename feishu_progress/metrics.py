@@ -33,6 +33,8 @@ class AppLabelled:
 
 # Staleness is "newest update -> its delivery": mostly the 250 ms pacing, seconds under budget pressure.
 _STALENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Event-loop lag: under 1 ms when idle; the soak's target is p99 < 50 ms; a second is a stalled service.
+_LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Metrics:
@@ -107,7 +109,7 @@ class Metrics:
         )
 
     def _runtime(self) -> None:
-        """The runtime rooms': live cards, events, callbacks, subagent queries."""
+        """The runtime rooms': live cards, events, callbacks, subagent queries, the event loop's lag."""
         self.live_cards = Gauge(
             "fp_live_cards",
             "Live cards currently registered.",
@@ -139,6 +141,13 @@ class Metrics:
             "fp_readiness_ok",
             "1 when the /readyz check passed at its last run (run every 15 s and at each /readyz), else 0.",
             ["check"],
+            registry=self.registry,
+        )
+        self.event_loop_lag = Histogram(
+            "fp_event_loop_lag_seconds",
+            "How late the event loop ran a timer (sampled every 0.1 s, loop_lag.py): how long any ready "
+            "callback (a request, a click, a card write) may wait for the loop.",
+            buckets=_LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
         self.subagent_cache = Counter(
