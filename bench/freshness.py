@@ -56,17 +56,20 @@ CREATE_ATTEMPTS = 20
 DEFAULT_SECONDS = 25.0
 DEFAULT_SCALE = {1: 1.0, 100: 1.0, 1000: 5.0}
 SLOWER = {1000: 5.0}  # real-time delta interval multiplier (see the docstring)
-MARKER = re.compile(r"⟦(\d+:\d+)⟧")
+MARKER = re.compile(r"⟦(\d+:\d+)⟧")  # a delta's text
+PANEL_MARKER = re.compile(r"⟪(\d+:\d+)⟫")  # a tool call's path: its row on the card is a panel change
 
 
 # --- the sandbox process ---------------------------------------------------------------------------
 
 
-def first_seen(history: list[tuple[float, Mapping[str, Any]]], offset: float) -> dict[str, float]:
-    """Marker → the (shifted) time of the first card in ``history`` whose JSON holds it."""
+def first_seen(
+    history: list[tuple[float, Mapping[str, Any]]], offset: float, pattern: re.Pattern[str] = MARKER
+) -> dict[str, float]:
+    """Marker (``pattern``'s) → the (shifted) time of the first card in ``history`` whose JSON holds it."""
     seen: dict[str, float] = {}
     for at, card in history:
-        for marker in MARKER.findall(json.dumps(card, ensure_ascii=False)):
+        for marker in pattern.findall(json.dumps(card, ensure_ascii=False)):
             seen.setdefault(marker, at + offset)
     return seen
 
@@ -88,9 +91,11 @@ def _serve_sandbox(queue: Any, scale: float) -> None:
         state = request.app[STATE_KEY]
         offset = scaled.monotonic() - state.now()  # sandbox time counts from its start
         seen: dict[str, float] = {}
+        panels: dict[str, float] = {}
         for message in state.messages.values():
             seen.update(first_seen(message.history, offset))
-        return web.json_response({"seen": seen, "rate_limited": state.rate_limited()})
+            panels.update(first_seen(message.history, offset, PANEL_MARKER))
+        return web.json_response({"seen": seen, "panels": panels, "rate_limited": state.rate_limited()})
 
     async def serve() -> None:
         config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET)
@@ -170,14 +175,32 @@ class FreshnessResult:
     one_pass: float = math.nan  # scaled s to write every card once at the app budget
     rate_limited: int = 0
     post_errors: int = 0
+    tools: int = 0  # tool calls answered 202 (``--tool-every``): their rows are the panel changes
+    panel_seen_pct: float = math.nan
+    panel_p50: float = math.nan
+    panel_p99: float = math.nan
+
+
+def _delays(answered: Mapping[str, float], seen: Mapping[str, float]) -> list[float]:
+    return [seen[m] - t for m, t in answered.items() if m in seen]
 
 
 def summarise(result: FreshnessResult, answered: Mapping[str, float], seen: Mapping[str, float]) -> None:
     """Fill the freshness figures from marker → 202 time and marker → first shown time (same clock)."""
-    delays = [seen[m] - t for m, t in answered.items() if m in seen]
+    delays = _delays(answered, seen)
     result.deltas = len(answered)
     result.seen_pct = 100.0 * len(delays) / len(answered) if answered else math.nan
     result.p50, result.p90, result.p99 = (percentile(delays, q) for q in (50, 90, 99))
+
+
+def summarise_panels(
+    result: FreshnessResult, answered: Mapping[str, float], seen: Mapping[str, float]
+) -> None:
+    """The same for the tool rows: from a tool call's 202 to the first card that shows its row."""
+    delays = _delays(answered, seen)
+    result.tools = len(answered)
+    result.panel_seen_pct = 100.0 * len(delays) / len(answered) if answered else math.nan
+    result.panel_p50, result.panel_p99 = percentile(delays, 50), percentile(delays, 99)
 
 
 class Runtime:
@@ -188,6 +211,7 @@ class Runtime:
         self.service = service
         self.clock = clock
         self.answered: dict[str, float] = {}
+        self.tools_answered: dict[str, float] = {}
         self.errors = 0
 
     async def create(self, index: int) -> int:
@@ -231,10 +255,14 @@ class Runtime:
                 return
             marker = f"{index}:{k}"
             events: list[dict[str, Any]] = [{"type": "content_delta", "text": f"⟦{marker}⟧ 第{k}段。"}]
-            if tool_every and k % tool_every == 0:
-                events.append({"type": "tool_started", "call_id": f"t{k}", "name": "read_file", "args": {}})
+            tool = bool(tool_every) and k % tool_every == 0
+            if tool:  # its row shows the path: the panel marker
+                args = {"path": f"⟪{marker}⟫.py"}
+                events.append({"type": "tool_started", "call_id": f"t{k}", "name": "read_file", "args": args})
             if await self.post(session_id, *events):
                 self.answered[marker] = self.clock.monotonic()
+                if tool:
+                    self.tools_answered[marker] = self.answered[marker]
             k += 1
 
 
@@ -307,10 +335,13 @@ async def _measure(
     while True:
         async with runtime.http.get(f"{sandbox_url}/_bench/freshness") as response:
             report = await response.json()
-        if set(runtime.answered) <= set(report["seen"]) or time.monotonic() > deadline:
+        texts_shown = set(runtime.answered) <= set(report["seen"])
+        rows_shown = set(runtime.tools_answered) <= set(report["panels"])
+        if (texts_shown and rows_shown) or time.monotonic() > deadline:
             break
         await asyncio.sleep(1.0)
     summarise(result, runtime.answered, report["seen"])
+    summarise_panels(result, runtime.tools_answered, report["panels"])
     result.rate_limited = int(report["rate_limited"])
     result.post_errors = runtime.errors
 
@@ -321,6 +352,9 @@ ROWS: list[tuple[str, str, str]] = [
     ("freshness p50 (scaled s)", "p50", "{:.3f}"),
     ("freshness p90 (scaled s)", "p90", "{:.3f}"),
     ("freshness p99 (scaled s)", "p99", "{:.3f}"),
+    ("panel freshness p50 (tool row, scaled s)", "panel_p50", "{:.3f}"),
+    ("panel freshness p99 (tool row, scaled s)", "panel_p99", "{:.3f}"),
+    ("tool rows ever seen", "panel_seen_pct", "{:.1f} %"),
     ("one budget pass = cards ÷ 16.7/s (scaled s)", "one_pass", "{:.3f}"),
     ("deltas ever seen", "seen_pct", "{:.1f} %"),
     ("deltas answered 202", "deltas", "{:,.0f}"),
@@ -405,6 +439,7 @@ def main() -> None:
                 print(
                     f"{cards} cards run {run + 1} {transport}: p50/p90/p99 {res.p50:.2f}/{res.p90:.2f}/"
                     f"{res.p99:.2f} scaled s, seen {res.seen_pct:.1f} % of {res.deltas}, "
+                    f"panels p50/p99 {res.panel_p50:.2f}/{res.panel_p99:.2f} of {res.tools}, "
                     f"rate-limited {res.rate_limited}, POST errors {res.post_errors} "
                     f"[{time.monotonic() - started:.0f} s]",
                     flush=True,
