@@ -8,6 +8,7 @@ answered: not one rate-limit answer is allowed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from typing import Any, Literal
@@ -16,17 +17,18 @@ import pytest
 from pydantic import SecretStr
 
 from feishu_progress.config import ApiLimit, FeishuSettings, RateSettings, Settings
+from feishu_progress.db.repo import TaskRepository
 from feishu_progress.demo import API_TOKEN, APP_ID, APP_SECRET
 from feishu_progress.feishu import FeishuClient
 from feishu_progress.images import ImageUploads
 from feishu_progress.ports import SystemClock
-from feishu_progress.progress.admission import Admission
+from feishu_progress.progress.admission import Admission, BudgetBusy
 from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
 from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
 from tests.rigs import eventually
-from tests.test_cardkit_transport import answer_of, entity, service, stream_text
+from tests.test_cardkit_transport import admin, answer_of, entity, service, stream_text
 
 PACING = Pacing(panel_interval=1.5, streaming_window=540)
 
@@ -249,6 +251,62 @@ async def test_a_create_waits_for_the_send_budget_at_most_its_bound_then_its_ret
         assert len(set(sessions.values())) == CREATES
         cards = [m for m in run.sandbox.state.messages.values() if m.chat_id == "oc_bound"]
         assert len(cards) == CREATES  # one first card per task, however often it was asked for
+        assert run.sandbox.state.rate_limited() == 0
+
+
+async def test_creates_past_what_the_budget_serves_within_the_bound_are_refused_at_the_door() -> None:
+    # 2/s and a 1.5 s bound: three creates in progress already fill it (3 ÷ 2/s = 1.5 s), so the fourth
+    # is told to come back at once, before it writes anything, and a place freed lets the next one in.
+    admission = Admission(
+        BudgetTable(RateSettings(app_per_second=2, app_per_minute=120)), clock=SystemClock()
+    )
+    async with contextlib.AsyncExitStack() as held:
+        for _ in range(3):
+            await held.enter_async_context(admission.creating("send", max_wait=1.5))
+        with pytest.raises(BudgetBusy) as refused:
+            await held.enter_async_context(admission.creating("send", max_wait=1.5))
+        assert refused.value.retry_after == 2  # the four creates' turns: 4 ÷ 2/s
+        async with admission.creating("card_create", max_wait=1.5):
+            pass  # another API's creates are counted apart
+    async with admission.creating("send", max_wait=1.5) as deadline:
+        assert deadline - SystemClock().monotonic() == pytest.approx(1.5, abs=0.1)
+
+
+@pytest.mark.slow
+async def test_a_create_refused_at_the_door_writes_nothing_and_its_retry_makes_the_one_task() -> None:
+    config = SandboxConfig(app_id=APP_ID, app_secret=APP_SECRET, app_per_second=5, app_per_minute=300)
+    rate = RateSettings(app_per_second=5, app_per_minute=300, create_wait_seconds=1.0)
+    async with service(config, transport="patch", rate=rate) as run:
+        url, auth = f"{run.base_url}/v1/tasks", {"Authorization": f"Bearer {API_TOKEN}"}
+        body = {"receive_id": "oc_door", "receive_id_type": "chat_id", "requester_open_id": "ou_r"}
+        repo = TaskRepository(admin(run).db)
+
+        async def create(key: str) -> tuple[int, str | None, dict[str, Any]]:
+            async with run.http.post(url, json=body, headers={**auth, "Idempotency-Key": key}) as answer:
+                return answer.status, answer.headers.get("Retry-After"), await answer.json()
+
+        keys = [f"door-{i}" for i in range(CREATES)]
+        first = dict(zip(keys, await asyncio.gather(*(create(key) for key in keys)), strict=True))
+        refused = [key for key, (status, _, _) in first.items() if status == 503]
+        # 5/s within 1 s: five creates in progress fill the bound; the others were never let in.
+        assert len(refused) >= CREATES - 5, [status for status, _, _ in first.values()]
+        for key in refused:
+            status, after, payload = first[key]
+            assert "budget is busy" in payload["message"] and after is not None, payload
+            assert await repo.find_by_idempotency_key(key) is None  # refused before any write
+        sessions = {
+            key: payload["session_id"] for key, (status, _, payload) in first.items() if status == 201
+        }
+        for key in refused:
+            while key not in sessions:
+                status, after, payload = await create(key)
+                if status == 201:
+                    sessions[key] = payload["session_id"]
+                else:
+                    await asyncio.sleep(min(int(after or 1), 2))
+        assert len(set(sessions.values())) == CREATES
+        cards = [m for m in run.sandbox.state.messages.values() if m.chat_id == "oc_door"]
+        assert len(cards) == CREATES
         assert run.sandbox.state.rate_limited() == 0
 
 

@@ -70,13 +70,31 @@ class TaskCreator:
         self._owner = owner  # cluster mode: this instance's id; it writes what it creates (single: None)
 
     async def create(self, request: ev.CreateTaskRequest, idempotency_key: str | None = None) -> CreatedTask:
-        """Create the task and send its first card (TaskExists, FirstCardFailed, UnknownRequestedApp)."""
+        """Create the task and send its first card (TaskExists, FirstCardFailed, UnknownRequestedApp),
+        within FP_RATE__CREATE_WAIT_SECONDS of its arrival."""
         app = self._apps.resolve(request.app)
+        first_api = self._first_api(app, request.reply_to_message_id)
+        bound = self._settings.rate.create_wait_seconds
+        try:
+            async with app.admission.creating(first_api, max_wait=bound) as deadline:
+                return await self._create(app, request, idempotency_key, deadline)
+        except BudgetBusy as exc:  # refused at the door: nothing was written
+            raise FirstCardFailed(f"the first card could not be sent yet: {exc}", exc.retry_after) from exc
+
+    def _first_api(self, app: AppContext, reply_to: str | None) -> str:
+        """The API a create calls first: a card entity's create (CardKit), else the send or reply."""
+        if self._settings.card.transport == "cardkit" and app.cardkit_scope.allowed():
+            return "card_create"
+        return "reply" if reply_to else "send"
+
+    async def _create(
+        self, app: AppContext, request: ev.CreateTaskRequest, idempotency_key: str | None, deadline: float
+    ) -> CreatedTask:
         digest = None if idempotency_key is None else request_digest(request.model_dump_json())
         if idempotency_key is not None:
             earlier = await self._repo.find_by_idempotency_key(idempotency_key)
             if earlier is not None:
-                return await self._finish_earlier(earlier, idempotency_key, digest)
+                return await self._finish_earlier(earlier, idempotency_key, digest, deadline)
         now = self._clock.wall()
         try:
             session_id = await self._repo.create_task(
@@ -95,7 +113,7 @@ class TaskCreator:
             racing = await self._repo.find_by_idempotency_key(idempotency_key)
             if racing is None:
                 raise
-            return await self._finish_earlier(racing, idempotency_key, digest)  # a concurrent create
+            return await self._finish_earlier(racing, idempotency_key, digest, deadline)  # concurrent
         state = TaskState(
             session_id=session_id,
             requester_open_id=request.requester_open_id,
@@ -108,9 +126,11 @@ class TaskCreator:
             last_event_at=now,
             fence=1 if self._owner is not None else 0,
         )
-        return await self._send_first(state, request.reply_to_message_id, idempotency_key)
+        return await self._send_first(state, request.reply_to_message_id, idempotency_key, deadline)
 
-    async def _finish_earlier(self, record: TaskRecord, key: str, digest: str | None) -> CreatedTask:
+    async def _finish_earlier(
+        self, record: TaskRecord, key: str, digest: str | None, deadline: float
+    ) -> CreatedTask:
         """The key was used before: the same task, its first send completed if it never was.
 
         Only for the same request: the key reused for another (another chat, another requester) would
@@ -120,9 +140,11 @@ class TaskCreator:
             raise RequestRejected("Idempotency-Key", REUSED_KEY)
         if record.message_id is not None:
             return CreatedTask(record.session_id, record.message_id)
-        return await self._send_first(state_from_record(record), record.reply_to_message_id, key)
+        return await self._send_first(state_from_record(record), record.reply_to_message_id, key, deadline)
 
-    async def _send_first(self, state: TaskState, reply_to: str | None, key: str | None) -> CreatedTask:
+    async def _send_first(
+        self, state: TaskState, reply_to: str | None, key: str | None, deadline: float
+    ) -> CreatedTask:
         first = build_progress_card(
             card_context(self._settings, state, "").model(CardState(), (), self._clock.wall())
         )
@@ -131,9 +153,9 @@ class TaskCreator:
         try:
             card_id = state.card_id
             if card_id is None:
-                card_id = await self._card_entity(app, state.session_id, first)
+                card_id = await self._card_entity(app, state.session_id, first, deadline)
             content = first if card_id is None else card_reference(card_id)
-            async with self._paced(app, "reply" if reply_to else "send"):
+            async with self._paced(app, "reply" if reply_to else "send", deadline):
                 if reply_to:
                     message_id = await app.client.reply_card(reply_to, content, uuid)
                 else:
@@ -151,13 +173,15 @@ class TaskCreator:
         self._registry.attach(state)
         return CreatedTask(state.session_id, message_id)
 
-    async def _card_entity(self, app: AppContext, session_id: int, first: dict[str, Any]) -> str | None:
+    async def _card_entity(
+        self, app: AppContext, session_id: int, first: dict[str, Any], deadline: float
+    ) -> str | None:
         """A CardKit card entity showing ``first`` (streaming), saved on the task; None: PATCH this task."""
         if self._settings.card.transport != "cardkit" or not app.cardkit_scope.allowed():
             return None
         cardkit = self._settings.cardkit
         try:
-            async with self._paced(app, "card_create"):
+            async with self._paced(app, "card_create", deadline):
                 card_id = await app.client.create_card_entity(
                     entity_card(first, streams=True, typewriter=streaming_config(cardkit))
                 )
@@ -196,9 +220,9 @@ class TaskCreator:
             f"CardKit is tried again in {wait:.0f} s"
         )
 
-    def _paced(self, app: AppContext, api: str) -> AbstractAsyncContextManager[None]:
-        """The app's budget for ``api``, waited for at most FP_RATE__CREATE_WAIT_SECONDS (then BudgetBusy)."""
-        return app.admission.admit(api, max_wait=self._settings.rate.create_wait_seconds)
+    def _paced(self, app: AppContext, api: str, deadline: float) -> AbstractAsyncContextManager[None]:
+        """The app's budget for ``api``, waited for until the create's ``deadline`` (then BudgetBusy)."""
+        return app.admission.admit(api, max_wait=max(deadline - self._clock.monotonic(), 0.0))
 
     async def _abandon(self, session_id: int, key: str | None, exc: BaseException) -> None:
         log.warning("first card of task %s could not be sent: %r", session_id, exc)
