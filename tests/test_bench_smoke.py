@@ -118,6 +118,29 @@ async def test_callbacks_smoke() -> None:
     assert 0 < burst.p50_ms <= burst.p99_ms <= burst.max_ms
 
 
+async def test_creates_smoke_both_transports_answer_busy_503s_and_keep_one_task_per_key() -> None:
+    creates = _bench("creates")
+    # 100 in flight on a 10/s budget would wait 10 s for their sends, past the 2 s bound: some are told to
+    # come back (503 + Retry-After) and their client's retry with the same key gets the same task.
+    runs = [
+        creates.one_run(
+            transport,
+            creates=200,
+            in_flight=100,
+            scale=4.0,
+            bound=2.0,
+            margin=30.0,  # a smoke run asserts no speed: a busy CI machine may answer late
+            per_second=10.0,
+            per_minute=600.0,
+        )
+        for transport in creates.TRANSPORTS
+    ]
+    for transport, result in zip(creates.TRANSPORTS, await asyncio.gather(*runs), strict=True):
+        assert result.problems() == [], transport
+        assert result.busy_503 > 0 and result.retry_after, transport
+        assert result.rows == 200 and result.messages == 200, transport
+
+
 def _bench_redis_url() -> str:
     import redis
 
