@@ -15,7 +15,7 @@ from feishu_progress.domain import TaskStatus
 from feishu_progress.ports import OutcomeKind, WriteOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import LiveCard
-from tests.test_scheduler_fakes import Harness, PatchRecord, finish, outcome, push
+from tests.test_scheduler_fakes import Harness, PatchRecord, SplitWriter, finish, outcome, push
 from tests.test_scheduler_fakes import step as record_step
 
 RUNNING = TaskStatus.RUNNING
@@ -162,6 +162,64 @@ async def test_fairness_under_ten_times_the_budget() -> None:
         for card in cards:
             last = h.sink.of(card.message_id)[-1].card
             assert (last["status"], last["content"]) == ("COMPLETED", f"final {card.message_id}")
+
+
+async def test_what_a_write_left_owed_keeps_its_place_in_line_ahead_of_later_changes() -> None:
+    async with Harness(rate=RateSettings(app_per_second=1, app_per_minute=60)) as h:
+        a, b = h.card("om_a"), h.card("om_b")
+        h.sink.answer("om_a", outcome(OutcomeKind.PARTIAL))  # its first write leaves part of it owed
+        step(a, 1)
+        await h.clock.advance(0.5)
+        step(b, 1)  # changes after a's rest became owed
+        await h.clock.advance(3.0)
+        assert [r.message_id for r in h.sink.records[:3]] == ["om_a", "om_a", "om_b"]
+
+
+def test_a_card_among_the_ready_ones_is_put_back_in_line_by_its_newest_change() -> None:
+    from feishu_progress.progress.slots import CardSlots
+
+    h = Harness()
+    slots = CardSlots()
+    owed, later = h.card("om_owed"), h.card("om_later")
+    slot = slots.slot(owed)
+    slot.settled_version, slot.follow_up_at = owed.version, 0.0  # only the writer's rest was due
+    slots.queue.put_ready(slot)  # as a pass leaves a card whose budget is spent: no change to date it by
+    push(owed, content="new")
+    slots.changed(owed, urgent=False, now=7.0)
+    push(later, content="newer")
+    slots.changed(later, urgent=False, now=8.0)
+    slots.queue.due(9.0)
+    first, second = slots.queue.pop(), slots.queue.pop()
+    assert first is not None and second is not None
+    assert (first.card.message_id, second.card.message_id) == ("om_owed", "om_later")
+
+
+async def test_a_card_owing_its_rest_waits_briefly_for_the_whole_write_but_not_for_a_spent_minute() -> None:
+    rate = RateSettings()
+    limit = rate.api.card_update.model_copy(update={"per_second": 2, "per_minute": 120})
+    rate = rate.model_copy(update={"api": rate.api.model_copy(update={"card_update": limit})})
+    async with Harness(rate=rate) as h:
+        writer = SplitWriter(h.sink, "om_s", interval=0.25)
+        card = h.card("om_s", writer=writer)
+        step(card, 1)
+        await h.clock.settle()
+        update = h.scheduler.budget_of("card_update")
+        now = h.clock.monotonic()
+        while update.try_take(now):  # another spender takes the rest of this second's updates
+            update.settle(now)
+        for n, at in ((2, 0.3), (3, 0.6), (4, 0.9)):
+            await h.clock.advance(at - (h.clock.monotonic() - now))
+            step(card, n)
+        await h.clock.advance(1.0)
+        calls = [(api, round(t - now, 2)) for api, t in writer.calls]
+        # 0.3 and 0.6: the whole write is 0.7 and 0.4 s away, longer than the card's interval, so the
+        # text goes alone; 0.9: 0.1 s away, so the card waits for it instead of owing its rest again.
+        assert calls == [
+            ("card_update", 0.0),
+            ("card_content", 0.3),
+            ("card_content", 0.6),
+            ("card_update", 1.0),
+        ]
 
 
 # -- outcome handling ------------------------------------------------------------------------------

@@ -129,6 +129,32 @@ class FakeWriter:
             return await self.sink.patch_card(self.message_id, delivery.built.card)
 
 
+class SplitWriter(FakeWriter):
+    """A writer with two ways, as a CardKit card has: the whole card by ``card_update`` (best), or the
+    text alone by ``card_content``, which leaves the rest owed (PARTIAL) until a whole write."""
+
+    apis = ("card_content", "card_update")
+
+    def __init__(self, sink: FakeSink, message_id: str, interval: float) -> None:
+        super().__init__(sink, message_id, interval)
+        self.calls: list[tuple[str, float]] = []  # (API, when) of every call made
+        self.text_version = -1  # the card's text version Feishu shows
+
+    def choices(self, card: CardVersions, *, urgent: bool) -> WriteChoices:
+        if card.text_version == self.text_version:  # nothing new to stream: only the rest is owed
+            return WriteChoices((("card_update",),))
+        return WriteChoices((("card_update",), ("card_content",)))
+
+    async def write(self, delivery: Delivery, *, urgent: bool, calls: Calls) -> WriteOutcome:
+        api = "card_update" if calls.allows("card_update") else "card_content"
+        async with calls.call(api) as allowed:
+            if not allowed:
+                return WriteOutcome(OutcomeKind.NOT_NOW)
+            self.calls.append((api, self.sink.clock.monotonic()))
+            self.text_version = delivery.text_version
+        return WriteOutcome.delivered() if api == "card_update" else WriteOutcome(OutcomeKind.PARTIAL)
+
+
 def outcome(kind: OutcomeKind, retry_after: float = 0.0, reason: str = "") -> WriteOutcome:
     return WriteOutcome(kind, retry_after=retry_after, code=1, reason=reason)
 
@@ -219,11 +245,16 @@ class Harness:
         self._hear_ends()
         return self._stopped
 
-    def card(self, message_id: str = "om_1", subagents: FakeSubagents | None = None) -> LiveCard:
+    def card(
+        self,
+        message_id: str = "om_1",
+        subagents: FakeSubagents | None = None,
+        writer: FakeWriter | None = None,
+    ) -> LiveCard:
         self._next_session += 1
         return LiveCard(
             CardContext(session_id=self._next_session, message_id=message_id, started_at=self.clock.wall()),
-            writer=self.sink.writer(message_id, self.rate.message_interval_ms / 1000),
+            writer=writer or self.sink.writer(message_id, self.rate.message_interval_ms / 1000),
             clock=self.clock,
             build_card=build_card,
             build_degraded_card=build_degraded_card,

@@ -90,6 +90,10 @@ class Outcomes:
     ) -> Done | None:
         slot.settled_version = delivery.version
         slot.follow_up_at = follow_up
+        if follow_up is not None and slot.waiting_since is None:
+            # What the flight left owed (a CardKit card's panels) waits from now: behind the cards whose
+            # changes waited before this write (its text just went), not behind every card for ever.
+            slot.waiting_since = now
         slot.failures = 0
         self._metrics.delivery_staleness.observe(max(0.0, now - delivery.changed_at))
         if slot.has_news:

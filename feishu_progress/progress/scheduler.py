@@ -246,9 +246,7 @@ class DeliveryScheduler:
                 self._slots.let_go(slot)
                 continue
             choices = slot.card.writer.choices(slot.card, urgent=slot.first)
-            apis = self._budgets.take_first(
-                choices.apis, now, spent, urgent=slot.first, behind_gate=self.has_gate
-            )
+            apis = self._take(slot, choices.apis, now, spent)
             if apis is not None:
                 slot.launch(now, apis)
                 self._flights.spawn(self._deliver(slot), name=f"fp-write-{slot.card.message_id}")
@@ -260,6 +258,30 @@ class DeliveryScheduler:
         earliest = min(earliest, self._queue.next_at(), *spent.values())
         wake_at = max(earliest, self._budgets.soonest(self._apis, now))
         return None if math.isinf(wake_at) else wake_at
+
+    def _take(
+        self, slot: CardSlot, choices: tuple[tuple[str, ...], ...], now: float, spent: dict[str, float]
+    ) -> tuple[str, ...] | None:
+        """The budgets of ``slot``'s first choice that has room, taken (None: it waits; ``spent`` learns
+        which were full and when each frees).
+
+        A card that owes the rest of an earlier state (a CardKit card whose text went alone, its panels
+        owed) waits for its best choice, the write that brings all of it, when that budget frees within
+        one of its intervals: another part alone would leave the rest owed again while a card that is
+        owed nothing could have had that part's budget. The budget being spent for longer (its minute
+        gone), it takes the next choice: the text never waits for the panels' budget.
+        """
+        take_first = self._budgets.take_first
+        urgent, gated = slot.first, self.has_gate
+        if len(choices) < 2 or not slot.owes_due(now):
+            return take_first(choices, now, spent, urgent=urgent, behind_gate=gated)
+        best = take_first(choices[:1], now, spent, urgent=urgent, behind_gate=gated)
+        if best is not None:
+            return best
+        frees = max((spent.get(api, now) for api in choices[0]), default=now)
+        if frees - now <= slot.card.writer.interval:
+            return None
+        return take_first(choices[1:], now, spent, urgent=urgent, behind_gate=gated)
 
     def _launch_probe(self, now: float) -> float | None:
         """Feishu is down for the whole app: one flight at a time, the most deserving card, as the probe."""

@@ -72,7 +72,7 @@ class CardSlot:
     flight_sent: set[str] = field(default_factory=set)  # those of them the flight has called
     token: int = 0  # its live ready-queue entry (0: not queued)
     queued_at: float = math.inf  # when that entry lets it go
-    queued_first: bool = False  # whether that entry put it ahead of ordinary updates
+    queued_priority: tuple[int, float] = (1, math.inf)  # its place in line as that entry has it
 
     @property
     def has_news(self) -> bool:
@@ -88,6 +88,11 @@ class CardSlot:
         if self.card.version != self.settled_version or self.follow_up_at is None:
             return self.next_start
         return max(self.next_start, self.follow_up_at)  # only what the writer owes: at its time
+
+    def owes_due(self, now: float) -> bool:
+        """Whether the writer owes part of an earlier state, due by ``now`` (the rest of a CardKit card
+        after a write that carried its text alone)."""
+        return self.follow_up_at is not None and self.follow_up_at <= now
 
     def priority(self) -> tuple[int, float]:
         return 0 if self.first else 1, self.waiting_since if self.waiting_since is not None else math.inf
@@ -125,7 +130,8 @@ class ReadyQueue:
         """Queue ``slot`` (again) at its ``ready_at``; an earlier entry of it stops counting."""
         if slot.token == 0:
             self._live += 1
-        slot.token, slot.queued_at, slot.queued_first = next(self._tokens), slot.ready_at(), slot.first
+        slot.token, slot.queued_at = next(self._tokens), slot.ready_at()
+        slot.queued_priority = slot.priority()
         heapq.heappush(self._later, (slot.queued_at, slot.token, slot))
         if len(self._later) + len(self._now) > _COMPACT_FACTOR * self._live + _COMPACT_FLOOR:
             self._compact()
@@ -134,12 +140,15 @@ class ReadyQueue:
         """Queue ``slot`` among the cards whose time has come (it waits for a budget, not for a time)."""
         if slot.token == 0:
             self._live += 1
-        slot.token, slot.queued_at, slot.queued_first = next(self._tokens), -math.inf, slot.first
-        heapq.heappush(self._now, (slot.priority(), slot.token, slot))
+        slot.token, slot.queued_at, slot.queued_priority = next(self._tokens), -math.inf, slot.priority()
+        heapq.heappush(self._now, (slot.queued_priority, slot.token, slot))
 
     def needs_put(self, slot: CardSlot) -> bool:
-        """Whether ``slot``'s entry (if any) no longer says when it may go or how urgent it is."""
-        return slot.token == 0 or slot.ready_at() < slot.queued_at or slot.first > slot.queued_first
+        """Whether ``slot``'s entry (if any) no longer says when it may go or its place in line: an entry
+        among the cards whose time has come keeps the priority it was pushed with, so a card that became
+        urgent, or whose first change arrived after it was queued, must be pushed again or it would wait
+        behind every card that changed since."""
+        return slot.token == 0 or slot.ready_at() < slot.queued_at or slot.priority() < slot.queued_priority
 
     def forget(self, slot: CardSlot) -> None:
         if slot.token != 0:
@@ -152,7 +161,8 @@ class ReadyQueue:
         while later and later[0][0] <= now:
             _, token, slot = heapq.heappop(later)
             if token == slot.token:
-                heapq.heappush(self._now, (slot.priority(), token, slot))
+                slot.queued_priority = slot.priority()
+                heapq.heappush(self._now, (slot.queued_priority, token, slot))
 
     def first_waiting(self) -> bool:
         """Whether the best card whose time has come goes ahead of ordinary updates."""
@@ -215,10 +225,14 @@ class CardSlots:
         slot.urgent = slot.urgent or urgent
         self._undelivered.add(card.message_id)
         # A card in flight is looked at again when its write ends.
-        if slot.in_flight or not self.queue.needs_put(slot):
+        if slot.in_flight:
             return False
-        self.queue.put(slot)
-        return True
+        if self.queue.needs_put(slot):
+            self.queue.put(slot)
+            return True
+        # Waiting for a budget: with another API to its writer, the change may give it another choice
+        # (new text for a CardKit card whose panels wait for theirs).
+        return slot.queued_at == -math.inf and len(card.writer.apis) > 1
 
     def written(self, slot: CardSlot) -> None:
         """After a flight: the card waits for its next write, or (a finished one) to be let go of."""
