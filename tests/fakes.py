@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from feishu_progress.cards.builder import BuiltCard
+from feishu_progress.config import ApiLimit, RateSettings
 from feishu_progress.domain import CardModel, CardPanels, CardState
 from feishu_progress.ports import WriteOutcome
 from feishu_progress.progress.writer import CardWriter, Delivery
@@ -137,3 +138,10 @@ class OpenCalls:
 async def write_once(writer: CardWriter, card: dict[str, Any]) -> WriteOutcome:
     """One write of ``card`` by ``writer``, every budget held."""
     return await writer.write(Delivery(1, 0.0, BuiltCard(card)), urgent=False, calls=OpenCalls())
+
+
+def rate_with_api(name: str, per_second: float, per_minute: float) -> RateSettings:
+    """The default budgets, with one Open API's own limit set (the rest as Feishu documents them)."""
+    rate = RateSettings()
+    limit = ApiLimit(per_second=per_second, per_minute=per_minute)
+    return rate.model_copy(update={"api": rate.api.model_copy(update={name: limit})})

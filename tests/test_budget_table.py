@@ -27,6 +27,7 @@ from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of
 from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
+from tests.fakes import rate_with_api
 from tests.rigs import eventually
 from tests.test_cardkit_transport import admin, answer_of, entity, service, stream_text
 
@@ -110,16 +111,10 @@ def test_the_deprecated_cardkit_budget_sets_the_cardkit_apis_and_says_so(
 # -- each CardKit API its own budget (issue 27 item 2) ----------------------------------------------------
 
 
-def _with_api(name: str, per_second: float, per_minute: float) -> RateSettings:
-    rate = RateSettings()
-    limit = ApiLimit(per_second=per_second, per_minute=per_minute)
-    return rate.model_copy(update={"api": rate.api.model_copy(update={name: limit})})
-
-
 @pytest.mark.slow
 async def test_text_streams_while_the_panel_budget_is_spent() -> None:
     # The card-update API may be called 3 times a minute; the element-content API has Feishu's 50/s.
-    async with service(rate=_with_api("card_update", 1, 3)) as run:
+    async with service(rate=rate_with_api("card_update", 1, 3)) as run:
         await run.create_task("文字不等面板")
         await run.send({"type": "status", "status": "RUNNING", "round": 1})
         started = run.sandbox.state.now()
@@ -135,7 +130,7 @@ async def test_text_streams_while_the_panel_budget_is_spent() -> None:
 
 @pytest.mark.slow
 async def test_panels_update_while_the_text_budget_is_spent() -> None:
-    async with service(rate=_with_api("card_content", 1, 3)) as run:
+    async with service(rate=rate_with_api("card_content", 1, 3)) as run:
         await run.create_task("面板不等文字")
         await run.send({"type": "status", "status": "RUNNING", "round": 1})
         before = entity(run).record.updates["full"]

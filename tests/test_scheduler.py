@@ -15,6 +15,8 @@ from feishu_progress.domain import TaskStatus
 from feishu_progress.ports import OutcomeKind, WriteOutcome
 from feishu_progress.progress.breaker import OutageBreaker
 from feishu_progress.progress.live_card import LiveCard
+from feishu_progress.progress.slots import CardSlots
+from tests.fakes import rate_with_api
 from tests.test_scheduler_fakes import Harness, PatchRecord, SplitWriter, finish, outcome, push
 from tests.test_scheduler_fakes import step as record_step
 
@@ -176,8 +178,6 @@ async def test_what_a_write_left_owed_keeps_its_place_in_line_ahead_of_later_cha
 
 
 def test_a_card_among_the_ready_ones_is_put_back_in_line_by_its_newest_change() -> None:
-    from feishu_progress.progress.slots import CardSlots
-
     h = Harness()
     slots = CardSlots()
     owed, later = h.card("om_owed"), h.card("om_later")
@@ -195,10 +195,7 @@ def test_a_card_among_the_ready_ones_is_put_back_in_line_by_its_newest_change() 
 
 
 async def test_a_card_owing_its_rest_waits_briefly_for_the_whole_write_but_not_for_a_spent_minute() -> None:
-    rate = RateSettings()
-    limit = rate.api.card_update.model_copy(update={"per_second": 2, "per_minute": 120})
-    rate = rate.model_copy(update={"api": rate.api.model_copy(update={"card_update": limit})})
-    async with Harness(rate=rate) as h:
+    async with Harness(rate=rate_with_api("card_update", 2, 120)) as h:
         writer = SplitWriter(h.sink, "om_s", interval=0.25)
         card = h.card("om_s", writer=writer)
         step(card, 1)
