@@ -78,9 +78,10 @@ def url_verification_payload(challenge: str = "ch-123", token: str = VERIFICATIO
     return {"challenge": challenge, "token": token, "type": "url_verification"}
 
 
-def encrypt(encrypt_key: str, plaintext: bytes) -> str:
-    """Feishu's encryption: base64(iv + AES-256-CBC(sha256(key), iv, PKCS7(plaintext)))."""
-    iv = os.urandom(16)
+def encrypt(encrypt_key: str, plaintext: bytes, iv: bytes | None = None) -> str:
+    """Feishu's encryption: base64(iv + AES-256-CBC(sha256(key), iv, PKCS7(plaintext))); a random
+    ``iv`` unless one is given (a test whose outcome must not depend on chance)."""
+    iv = os.urandom(16) if iv is None else iv
     pad = 16 - len(plaintext) % 16
     cipher = AES.new(hashlib.sha256(encrypt_key.encode()).digest(), AES.MODE_CBC, iv)
     return base64.b64encode(iv + cipher.encrypt(plaintext + bytes([pad]) * pad)).decode()
