@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from feishu_progress.cards import sections
-from feishu_progress.cards.builder import build_degraded_card, build_progress_card
+from feishu_progress.cards.builder import (
+    ANSWER_ELEMENT_ID,
+    ANSWER_PLACEHOLDER,
+    build_card,
+    build_degraded_card,
+    build_progress_card,
+)
 from feishu_progress.cards.size import LEVELS
 from feishu_progress.cards.text import Langs
 from feishu_progress.cards.validate import (
@@ -350,6 +356,30 @@ def test_notice_follows_status_line(notice: Notice, text: str) -> None:
 def test_first_card_says_accepted() -> None:
     card = build_progress_card(model(round=0))
     assert markdowns(card)[1] == "任务已接收,正在准备执行。"
+
+
+def answer_elements(card: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node for node in tagged(card["body"]) if node.get("element_id") == ANSWER_ELEMENT_ID]
+
+
+def test_a_running_card_without_text_holds_its_answer_element_with_a_placeholder() -> None:
+    # A CardKit card can stream its first text only into an element it already has.
+    for running in (model(round=0), model(round=3, content="")):
+        built = build_card(running)
+        (element,) = answer_elements(built.card)
+        assert element == {"tag": "markdown", "element_id": ANSWER_ELEMENT_ID, "content": ANSWER_PLACEHOLDER}
+        assert built.answer == ANSWER_PLACEHOLDER
+        assert "i18n_content" not in element  # a streamed element has one content, in no language
+    first = build_progress_card(model(round=0))
+    assert markdowns(first)[1:3] == ["任务已接收,正在准备执行。", ANSWER_PLACEHOLDER]
+    streaming = build_card(model(round=0, content="第一段"))
+    assert streaming.answer == "第一段" and "任务已接收" not in json.dumps(streaming.card, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("status", [TaskStatus.WAITING, TaskStatus.COMPLETED, TaskStatus.FAILED])
+def test_a_card_that_does_not_stream_has_no_placeholder(status: TaskStatus) -> None:
+    built = build_card(model(status=status))
+    assert answer_elements(built.card) == [] and built.answer is None
 
 
 def buttons(card: dict[str, Any]) -> list[dict[str, Any]]:

@@ -55,6 +55,9 @@ CONTENT_OVERHEAD_BYTES = 64
 MARKER_RESERVE_BYTES = 1024
 # The answer text's element: a CardKit card streams its text into it (it is harmless in a PATCHed card).
 ANSWER_ELEMENT_ID = "fp_answer"
+# What the answer element shows before the first text: no words, so no locale (a streamed element has
+# one ``content``, never an ``i18n_content`` to keep in step).
+ANSWER_PLACEHOLDER = "…"
 ANSWER_CUT_ELEMENT_ID = "fp_answer_cut"  # the …(已截断 N 字…) marker after a cut answer
 
 
@@ -86,9 +89,7 @@ def build_card(model: CardModel) -> BuiltCard:
         return BuiltCard(build_degraded_card(model))
     card, slot = fitting
     if not content:
-        if _is_first_card(model):
-            card["body"]["elements"].insert(slot, langs.md_msg(msg("card.accepted")))
-        return BuiltCard(card)
+        return _without_content(card, slot, model, langs)
     available = TARGET_BYTES - json_bytes(card) - CONTENT_OVERHEAD_BYTES
     whole = max(model.content_chars, len(model.content))
     answer, dropped = _answer(content, whole, available)
@@ -185,9 +186,18 @@ def _summary(model: CardModel, langs: Langs) -> dict[str, Any]:
     return langs.fields(lambda locale: " · ".join(plain(part, locale) for part in parts))
 
 
-def _is_first_card(model: CardModel) -> bool:
+def _without_content(card: dict[str, Any], slot: int, model: CardModel, langs: Langs) -> BuiltCard:
+    """A card with no answer text yet: the first one says the task was received; while the task runs an
+    answer element holds a placeholder, so that a CardKit card streams its first text into it instead of
+    rewriting the whole card to add the element (the received line goes with the next whole write)."""
     panels = model.panels
-    return panels.status is TaskStatus.RUNNING and panels.round == 0 and not panels.tools
+    elements = card["body"]["elements"]
+    if panels.status is not TaskStatus.RUNNING:
+        return BuiltCard(card)
+    first = panels.round == 0 and not panels.tools
+    elements[slot:slot] = [langs.md_msg(msg("card.accepted"))] if first else []
+    elements.insert(slot + first, _answer_element(ANSWER_PLACEHOLDER))
+    return BuiltCard(card, ANSWER_PLACEHOLDER)
 
 
 def _content_source(model: CardModel) -> str:
@@ -220,6 +230,7 @@ def _answer_element(markdown: str) -> dict[str, Any]:
 __all__ = [
     "ANSWER_CUT_ELEMENT_ID",
     "ANSWER_ELEMENT_ID",
+    "ANSWER_PLACEHOLDER",
     "BuiltCard",
     "build_card",
     "build_degraded",

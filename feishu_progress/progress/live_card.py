@@ -280,10 +280,11 @@ class LiveCard:
 
 
 def _answer_shown(state: CardState) -> bool:
-    """Whether the card has an answer element (a CardKit card can only create it with a whole write)."""
+    """Whether the card shows answer text (the first text replaces its placeholder and removes the first
+    card's received line, which only a whole write can)."""
     return bool(state.content.strip())
 
 
 def _same_panels(new: CardState, old: CardState) -> bool:
-    """Whether two states differ in their answer text at most (an answer appearing is a panel change)."""
+    """Whether two states differ in their answer text at most (text appearing or going is a panel change)."""
     return new.panels == old.panels and _answer_shown(new) == _answer_shown(old)
