@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
-from feishu_progress.cards.builder import ANSWER_ELEMENT_ID
+from feishu_progress.cards.builder import ANSWER_ELEMENT_ID, ANSWER_PLACEHOLDER
 from feishu_progress.config import CardKitSettings, CardSettings, RateSettings
 from feishu_progress.demo import (
     ANSWERS_FORM,
@@ -137,6 +137,23 @@ async def test_text_streams_at_five_updates_a_second_while_panels_still_update()
         assert card.sequence is not None and card.sequence >> 20 == 0  # a fresh card: fence 0
         (listed,) = live_cards(admin(run))
         assert (listed["transport"], listed["card_id"]) == ("cardkit", card.card_id)
+
+
+async def test_a_new_cards_first_text_streams_into_it_without_rewriting_the_card() -> None:
+    # The entity was created streaming with an answer placeholder: its first text is one element-content
+    # call (no settings, no whole card); the received line goes with the panels' next whole write.
+    async with service() as run:
+        await run.create_task("首段文字")
+        card = entity(run)
+        assert answer_of(card.card) == ANSWER_PLACEHOLDER and card.streaming_since is not None
+        await run.send({"type": "content_delta", "text": "第一段"})
+        await eventually(lambda: answer_of(card.card) == "第一段")
+        assert (card.record.updates["settings"], len(card.record.streams)) == (0, 1)
+        assert card.record.updates["full"] == 0, "the text waited for a whole write"
+        await eventually(lambda: card.record.updates["full"] == 1)
+        shown = json.dumps(card.card, ensure_ascii=False)
+        assert "任务已接收" not in shown and answer_of(card.card) == "第一段"
+        assert rate_limited(run) == 0
 
 
 async def test_a_stream_survives_the_window_closing_without_losing_text() -> None:

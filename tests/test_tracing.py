@@ -205,13 +205,15 @@ async def test_cardkit_writes_join_the_trace_of_the_batch_they_stream(
     server = await traces.wait_for(
         "POST /v1/tasks/{session_id}/events", lambda span: context_of(span).trace_id == batch_trace
     )
-    written = await traces.wait_for(
-        "PUT /open-apis/cardkit/v1/cards/{card_id}",
+    # The entity was just created streaming: the text streams into its answer element at once, the
+    # new round's panels follow in a whole write; both are in the batch's trace.
+    streamed = await traces.wait_for(
+        "PUT /open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content",
         lambda span: span.parent is not None and span.parent.span_id == context_of(server).span_id,
     )
-    # Every call of that write (settings, then the whole card) is in the batch's trace.
-    settings = await traces.wait_for("PATCH /open-apis/cardkit/v1/cards/{card_id}/settings")
-    assert settings.parent is not None and settings.parent.span_id == context_of(server).span_id
+    assert streamed.attributes is not None and streamed.attributes["feishu.api"] == "card_content"
+    written = await traces.wait_for("PUT /open-apis/cardkit/v1/cards/{card_id}")
+    assert written.parent is not None and written.parent.span_id == context_of(server).span_id
     assert written.attributes is not None and written.attributes["feishu.api"] == "card_update"
     card_ids = {message.card_id for message in sandbox.state.messages.values()}
     assert written.attributes["feishu.card_id"] in card_ids

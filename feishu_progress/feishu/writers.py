@@ -9,6 +9,7 @@ writer afterwards.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from feishu_progress.config import CardKitSettings
@@ -17,6 +18,13 @@ from feishu_progress.feishu.patch_writer import CardPatcher, PatchWriter
 from feishu_progress.ports import Clock
 from feishu_progress.progress.card_stream import CardStream
 from feishu_progress.progress.writer import CardWriter
+
+
+@dataclass(frozen=True, slots=True)
+class FirstBuild:
+    """What a card entity was created showing: its answer element's text (None: it has none)."""
+
+    answer: str | None
 
 
 class OpenApiWriter(CardPatcher, CardKitClient, Protocol):
@@ -33,11 +41,17 @@ class CardWriters:
         self._message_interval = message_interval
         self._cardkit = CardKitStyle.of(client, cardkit, clock=clock, message_interval=message_interval)
 
-    def for_card(self, message_id: str, card_id: str | None, fence: int) -> CardWriter:
-        """The writer of the card on ``message_id`` (a CardKit entity when ``card_id`` names one)."""
+    def for_card(
+        self, message_id: str, card_id: str | None, fence: int, *, created: FirstBuild | None = None
+    ) -> CardWriter:
+        """The writer of the card on ``message_id`` (a CardKit entity when ``card_id`` names one;
+        ``created``: this process just created that entity, showing the card's first build)."""
         if card_id is None:
             return PatchWriter(self._client, message_id, interval=self._message_interval)
-        return CardKitWriter(self._cardkit, CardStream(card_id, fence))
+        if created is None:
+            return CardKitWriter(self._cardkit, CardStream(card_id, fence))
+        now = self._cardkit.clock.monotonic()
+        return CardKitWriter(self._cardkit, CardStream.created(card_id, fence, text=created.answer, now=now))
 
 
-__all__ = ["CardWriters"]
+__all__ = ["CardWriters", "FirstBuild"]

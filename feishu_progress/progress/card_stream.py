@@ -79,6 +79,22 @@ class CardStream:
     opened_at: float = -math.inf  # when streaming was last switched on
     written_at: float = -math.inf  # when the whole card was last written
 
+    @classmethod
+    def created(cls, card_id: str, fence: int, *, text: str | None, now: float) -> CardStream:
+        """An entity this process just created from the card's first build (its panel and text versions
+        are 0), streaming on: its first write streams the text or rewrites what changed, instead of
+        rewriting the whole card (and switching streaming on again) only to learn what it shows."""
+        return cls(
+            card_id,
+            fence,
+            panel_version=0,
+            text=text,
+            text_version=0,
+            streaming=True,
+            opened_at=now,
+            written_at=now,
+        )
+
     def next_sequence(self) -> int:
         """The next sequence of this card (strictly rising across every call and every epoch)."""
         if self.used + 1 >= 1 << SEQUENCE_BITS or self.fence > MAX_FENCE:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feishu_progress.apps import AppContext, AppRegistry
-from feishu_progress.cards.builder import build_progress_card
+from feishu_progress.cards.builder import build_card
 from feishu_progress.config import Settings
 from feishu_progress.db.repo import MAX_REF_LENGTH, NewTask, TaskRecord, TaskRepository
 from feishu_progress.db.times import utc_datetime
@@ -35,6 +35,7 @@ from feishu_progress.errors import (
 )
 from feishu_progress.feishu.cardkit_writer import entity_card, streaming_config
 from feishu_progress.feishu.errors import CARDKIT_SCOPE_MISSING
+from feishu_progress.feishu.writers import FirstBuild
 from feishu_progress.ports import Clock
 from feishu_progress.progress.admission import BudgetBusy
 from feishu_progress.runtime import events as ev
@@ -145,15 +146,16 @@ class TaskCreator:
     async def _send_first(
         self, state: TaskState, reply_to: str | None, key: str | None, deadline: float
     ) -> CreatedTask:
-        first = build_progress_card(
-            card_context(self._settings, state, "").model(CardState(), (), self._clock.wall())
-        )
+        built = build_card(card_context(self._settings, state, "").model(CardState(), (), self._clock.wall()))
+        first = built.card
         uuid = first_card_uuid(state.session_id, key)
         app = self._apps.resolve(state.app)  # asked for again: its app is part of this request
+        created: FirstBuild | None = None
         try:
             card_id = state.card_id
             if card_id is None:
                 card_id = await self._card_entity(app, state.session_id, first, deadline)
+                created = None if card_id is None else FirstBuild(built.answer)
             content = first if card_id is None else card_reference(card_id)
             async with self._paced(app, "reply" if reply_to else "send", deadline):
                 if reply_to:
@@ -170,7 +172,9 @@ class TaskCreator:
             raise FirstCardFailed(f"the first card could not be sent: {type(exc).__name__}") from exc
         await self._repo.set_message_id(state.session_id, message_id)
         state.sent_as(message_id, card_id)  # not shared yet: attached right after
-        self._registry.attach(state)
+        # Only an entity this request created is known to show ``first`` (with its streaming window
+        # opened just now); one an earlier request created is learnt by its first write, as after a restart.
+        self._registry.attach(state, created=created)
         return CreatedTask(state.session_id, message_id)
 
     async def _card_entity(

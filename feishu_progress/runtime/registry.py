@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from feishu_progress.apps import AppRegistry
 from feishu_progress.cards.builder import build_card, build_degraded
 from feishu_progress.config import Settings
+from feishu_progress.feishu.writers import FirstBuild
 from feishu_progress.metrics import Metrics
 from feishu_progress.ports import Clock, SubagentSource
 from feishu_progress.progress.live_card import CardContext, LiveCard
@@ -61,18 +62,19 @@ class TaskRegistry:
         self._tasks: dict[int, Task] = {}
         self._by_message: dict[str, int] = {}
 
-    def attach(self, state: TaskState) -> Task:
+    def attach(self, state: TaskState, *, created: FirstBuild | None = None) -> Task:
         """Hold ``state`` (its first card exists) with a new live card; replaces an earlier one.
 
         The card is written by its app's scheduler, by the writer its row names (a CardKit entity at this
         holder's fence, or the message PATCHed whole); UnknownApp when the app is no longer configured.
+        ``created``: its CardKit entity was just created, showing that first build.
         """
         if state.message_id is None:
             raise ValueError(f"task {state.session_id} has no message yet")
         app = self._apps.get(state.app)
         card = LiveCard(
             card_context(self._settings, state, state.message_id),
-            writer=app.writers.for_card(state.message_id, state.card_id, state.fence),
+            writer=app.writers.for_card(state.message_id, state.card_id, state.fence, created=created),
             clock=self._clock,
             build_card=build_card,
             build_degraded_card=build_degraded,
