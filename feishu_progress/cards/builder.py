@@ -191,12 +191,12 @@ def _without_content(card: dict[str, Any], slot: int, model: CardModel, langs: L
     answer element holds a placeholder, so that a CardKit card streams its first text into it instead of
     rewriting the whole card to add the element (the received line goes with the next whole write)."""
     panels = model.panels
-    elements = card["body"]["elements"]
     if panels.status is not TaskStatus.RUNNING:
         return BuiltCard(card)
+    elements = card["body"]["elements"]
     first = panels.round == 0 and not panels.tools
-    elements[slot:slot] = [langs.md_msg(msg("card.accepted"))] if first else []
-    elements.insert(slot + first, _answer_element(ANSWER_PLACEHOLDER))
+    received = [langs.md_msg(msg("card.accepted"))] if first else []
+    elements[slot:slot] = [*received, _answer_element(ANSWER_PLACEHOLDER)]
     return BuiltCard(card, ANSWER_PLACEHOLDER)
 
 
