@@ -30,8 +30,11 @@ but not running, and that adds to the lag.
 
 SAMPLES, every ``--sample-seconds``, all read from outside the service:
 
-- from /proc: the service's RSS (VmRSS), its open fds (entries of /proc/<pid>/fd), its CPU use
-  (utime + stime over the interval) and its main thread's wait for a CPU (schedstat's run delay);
+- from /proc: the service's RSS (VmRSS), its open fds (entries of /proc/<pid>/fd) and how many of them
+  are connections the clients opened to it (their keep-alive connections: as many as they lately had
+  requests in flight together, so a busy machine raises them; the fd growth is of the others, the fds
+  the service itself holds), its CPU use (utime + stime over the interval) and its main thread's wait for
+  a CPU (schedstat's run delay);
 - from its admin ``/metrics``: event-loop lag p99 and delivery staleness p99 over the interval, computed
   from the increase of the buckets of ``fp_event_loop_lag_seconds`` and ``fp_delivery_staleness_seconds``,
   interpolated within a bucket as Prometheus's ``histogram_quantile`` does; events/s accepted
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import math
 import multiprocessing
@@ -72,6 +76,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -200,6 +205,39 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def accepted_connections(pid: int, ports: frozenset[int]) -> int:
+    """The open fds of ``pid`` that are TCP connections it accepted on one of ``ports``.
+
+    Those are the clients' keep-alive connections: how many there are follows how many requests the
+    clients had in flight together lately (up to their pools' sizes), not what the service holds on to.
+    """
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()  # sl, local address, remote address, state, ..., inode (the 10th)
+            if int(fields[1].rsplit(":", 1)[1], 16) in ports and fields[3] != _TCP_LISTEN:
+                inodes.add(fields[9])
+    accepted = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing
+            if os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[").rstrip("]") in inodes:
+                accepted += 1
+    return accepted
+
+
+_TCP_LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"no port in {url!r}")
+    return port
+
+
 def cpu_wait_seconds(pid: int) -> float:
     """How long the main thread of ``pid`` (the event loop's) has waited, runnable, for a CPU so far
     (/proc/<pid>/schedstat's run delay): lag that the machine caused, not the service."""
@@ -222,6 +260,7 @@ class Reading:
     at: float  # time.monotonic()
     rss: int
     fds: int
+    client_fds: int  # of ``fds``: connections the clients opened to the service
     cpu: float
     cpu_wait: float
     metrics: Exposition
@@ -236,6 +275,7 @@ class Sample:
     live_cards: int
     rss: int
     fds: int
+    client_fds: int  # of ``fds``: connections the clients opened to the service (not its own)
     cpu_cores: float
     cpu_wait: float  # share of the interval the event loop's thread waited for a CPU
     lag_p99: float
@@ -245,6 +285,11 @@ class Sample:
     finished: int  # tasks finished so far (their final batch answered 202)
     delivered: int  # of those, finals the sandbox showed
     sandbox_rss: int
+
+    @property
+    def own_fds(self) -> int:
+        """The fds the service holds itself: files, pipes, listening sockets, its own connections."""
+        return self.fds - self.client_fds
 
 
 def interval_quantile(name: str, now: Reading, before: Reading, q: float = 0.99) -> float:
@@ -262,6 +307,7 @@ def sample_between(before: Reading, now: Reading, started: float, finished: set[
         live_cards=int(now.metrics.totals.get("fp_live_cards", 0)),
         rss=now.rss,
         fds=now.fds,
+        client_fds=now.client_fds,
         cpu_cores=(now.cpu - before.cpu) / seconds,
         cpu_wait=(now.cpu_wait - before.cpu_wait) / seconds,
         lag_p99=interval_quantile(LAG, now, before),
@@ -278,8 +324,15 @@ class Probe:
     """Reads the service (its process and its admin /metrics) and the sandbox's report."""
 
     def __init__(
-        self, http: aiohttp.ClientSession, admin_url: str, sandbox_url: str, pid: int, sandbox_pid: int
+        self,
+        http: aiohttp.ClientSession,
+        urls: tuple[str, str, str],
+        pid: int,
+        sandbox_pid: int,
     ) -> None:
+        """``urls``: the service's API, its admin, the sandbox."""
+        service_url, admin_url, sandbox_url = urls
+        self.served_ports = frozenset(_port(url) for url in (service_url, admin_url))
         self.http = http
         self.admin_url = admin_url
         self.sandbox_url = sandbox_url
@@ -294,6 +347,7 @@ class Probe:
             at=time.monotonic(),
             rss=rss_bytes(self.pid),
             fds=open_fds(self.pid),
+            client_fds=accepted_connections(self.pid, self.served_ports),
             cpu=cpu_seconds(self.pid),
             cpu_wait=cpu_wait_seconds(self.pid),
             metrics=metrics,
@@ -401,8 +455,10 @@ class SoakResult:
 
     @property
     def fd_growth(self) -> int:
+        """How many more fds the service itself holds at the end than after warm-up (its clients'
+        connections left out: they follow the clients' concurrency, and a leak is the service's)."""
         steady = self.steady
-        return steady[-1].fds - steady[0].fds if steady else 0
+        return steady[-1].own_fds - steady[0].own_fds if steady else 0
 
     @property
     def finals_pct(self) -> float:
@@ -434,7 +490,8 @@ async def run_soak(config: SoakConfig, *, progress: bool = False) -> SoakResult:
             service_url = await asyncio.to_thread(queue.get, True, 60)
             sandbox_pid, service_pid = (proc.pid for proc in procs)
             async with _client() as http:
-                probe = Probe(http, f"http://127.0.0.1:{admin_port}", sandbox_url, service_pid, sandbox_pid)
+                urls = (service_url, f"http://127.0.0.1:{admin_port}", sandbox_url)
+                probe = Probe(http, urls, service_pid, sandbox_pid)
                 runtime = freshness.Runtime(http, service_url, ScaledClock(1.0))
                 return await _soak(config, probe, runtime, progress)
         finally:
@@ -503,7 +560,7 @@ async def _drain(probe: Probe, finished: set[str], cards: int) -> int:
 # --- tables -------------------------------------------------------------------------------------
 
 HEADER = (
-    "| t (s) | live cards | RSS (MiB) | open fds | CPU (cores) | waiting for a CPU | lag p99 (ms) "
+    "| t (s) | live cards | RSS (MiB) | open fds (clients') | CPU (cores) | waiting for a CPU | lag p99 (ms) "
     "| staleness p99 (s) | events/s | rate-limit answers | finals shown / finished | sandbox RSS (MiB) |\n"
     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
@@ -518,7 +575,7 @@ def row(s: Sample) -> str:
         f"{s.t:.0f}",
         f"{s.live_cards:,}",
         f"{s.rss / MIB:.1f}",
-        f"{s.fds}",
+        f"{s.fds} ({s.client_fds})",
         f"{s.cpu_cores:.2f}",
         f"{s.cpu_wait:.1%}",
         _fmt("{:.1f}", s.lag_p99 * 1000),
@@ -546,7 +603,7 @@ def summary_rows(r: SoakResult) -> list[tuple[str, str, str]]:
         return [("samples after warm-up", "none: the run is shorter than its warm-up", "")]
     first, last = steady[0], steady[-1]
     rss = [s.rss / MIB for s in steady]
-    fds = [s.fds for s in steady]
+    fds = [s.own_fds for s in steady]
     lag = r.worst("lag_p99")
     return [
         (
@@ -560,8 +617,17 @@ def summary_rows(r: SoakResult) -> list[tuple[str, str, str]]:
             f"≤ 5 % {_verdict(r.rss_spread_pct <= RSS_FLAT_PCT)}",
         ),
         ("RSS slope (least squares)", f"{r.rss_slope_pct_per_hour:+.1f} % per hour", "flat"),
-        ("open fds: first → last (min–max)", f"{first.fds} → {last.fds} ({min(fds)}–{max(fds)})", ""),
-        ("fd growth (last − first)", f"{r.fd_growth:+d}", f"none {_verdict(r.fd_growth <= 0)}"),
+        (
+            "the service's own open fds: first → last (min–max)",
+            f"{first.own_fds} → {last.own_fds} ({min(fds)}–{max(fds)})",
+            "",
+        ),
+        (
+            "clients' connections to it: first → last",
+            f"{first.client_fds} → {last.client_fds}",
+            "",
+        ),
+        ("fd growth (last − first, its own)", f"{r.fd_growth:+d}", f"none {_verdict(r.fd_growth <= 0)}"),
         (
             "event-loop lag p99, worst interval",
             _fmt("{:.1f} ms", lag * 1000),

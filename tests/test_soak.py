@@ -8,7 +8,10 @@ final that never reached the card.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -50,6 +53,32 @@ def test_rss_flatness_and_slope_are_taken_after_warm_up() -> None:
     assert result.fd_growth == 3
 
 
+def test_fd_growth_leaves_out_the_connections_clients_opened_to_the_service() -> None:
+    result = soak.SoakResult(soak.SoakConfig(sample_seconds=60, warmup=60))
+    # 20 more keep-alive connections from busier clients, and 2 fds the service itself opened.
+    result.samples = [
+        sample(t=60, rss=1, fds=100, client_fds=30),
+        sample(t=120, rss=1, fds=122, client_fds=50),
+    ]
+    assert result.fd_growth == 2
+
+
+def test_accepted_connections_are_counted_by_the_port_they_came_in_on() -> None:
+    """Through this process's own /proc: the accepted ends count, the listener and the client ends
+    (which have ports of their own) do not."""
+    with contextlib.ExitStack() as stack:
+        listener, other = (stack.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(2))
+        port, other_port = listener.getsockname()[1], other.getsockname()[1]
+        clients = [stack.enter_context(socket.create_connection(("127.0.0.1", port))) for _ in range(3)]
+        accepted = [stack.enter_context(listener.accept()[0]) for _ in clients]
+        stack.enter_context(socket.create_connection(("127.0.0.1", other_port)))
+        stack.enter_context(other.accept()[0])
+        assert soak.accepted_connections(os.getpid(), frozenset({port})) == 3
+        assert soak.accepted_connections(os.getpid(), frozenset({port, other_port})) == 4
+        accepted.pop().close()
+        assert soak.accepted_connections(os.getpid(), frozenset({port})) == 2
+
+
 @pytest.mark.slow
 async def test_a_minute_at_100_live_cards_leaks_no_fd_keeps_the_loop_quick_and_delivers_every_final() -> None:
     # Warm-up past the first tasks' ends (10–25 s): their finals come together, and the connections the
@@ -81,12 +110,13 @@ def exposition(*, lag_counts: tuple[int, int, int], events: int) -> str:
     )
 
 
-def sample(*, t: float, rss: int, fds: int) -> soak.Sample:
+def sample(*, t: float, rss: int, fds: int, client_fds: int = 0) -> soak.Sample:
     return soak.Sample(
         t=t,
         live_cards=100,
         rss=rss,
         fds=fds,
+        client_fds=client_fds,
         cpu_cores=0.5,
         cpu_wait=0.0,
         lag_p99=0.01,
