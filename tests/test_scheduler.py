@@ -194,6 +194,21 @@ def test_a_card_among_the_ready_ones_is_put_back_in_line_by_its_newest_change() 
     assert (first.card.message_id, second.card.message_id) == ("om_owed", "om_later")
 
 
+def test_a_change_wakes_a_card_waiting_for_a_budget_only_when_it_may_offer_another_choice() -> None:
+    h = Harness()
+    slots = CardSlots()
+    card = h.card("om_s", writer=SplitWriter(h.sink, "om_s", interval=0.25))
+    push(card, content="a")
+    assert slots.changed(card, urgent=False, now=1.0)  # queued
+    slot = slots.slot(card)
+    slot.waiting_apis = frozenset({"card_update"})  # a pass left it waiting for the whole write only
+    push(card, content="ab")
+    assert slots.changed(card, urgent=False, now=2.0)  # new text: the text alone may have room
+    slot.waiting_apis = frozenset({"card_update", "card_content"})  # it waited for either already
+    push(card, content="abc")
+    assert not slots.changed(card, urgent=False, now=3.0)  # the pass would find the same budgets spent
+
+
 async def test_a_card_owing_its_rest_waits_briefly_for_the_whole_write_but_not_for_a_spent_minute() -> None:
     async with Harness(rate=rate_with_api("card_update", 2, 120)) as h:
         writer = SplitWriter(h.sink, "om_s", interval=0.25)

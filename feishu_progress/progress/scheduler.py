@@ -251,6 +251,7 @@ class DeliveryScheduler:
                 slot.launch(now, apis)
                 self._flights.spawn(self._deliver(slot), name=f"fp-write-{slot.card.message_id}")
             else:  # it waits for that budget, or for another choice (a CardKit card's panels fall due)
+                slot.waiting_apis = frozenset(api for apis in choices.apis for api in apis)
                 waiting.append(slot)
                 earliest = min(earliest, max(choices.changes_at, now + _MIN_SLEEP))
         for slot in waiting:  # their wake is the budget's refill (or their choice's change), not a time

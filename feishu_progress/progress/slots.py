@@ -69,6 +69,8 @@ class CardSlot:
     probe: bool = False  # this flight is the outage breaker's probe
     follow_up_at: float | None = None  # the writer owes more of the card (CardKit panels) from then
     flight_apis: tuple[str, ...] = ()  # the Open APIs whose budget this flight holds
+    # Waiting for a budget: the Open APIs its choices named then (a change can only offer another).
+    waiting_apis: frozenset[str] = frozenset()
     flight_sent: set[str] = field(default_factory=set)  # those of them the flight has called
     token: int = 0  # its live ready-queue entry (0: not queued)
     queued_at: float = math.inf  # when that entry lets it go
@@ -230,9 +232,10 @@ class CardSlots:
         if self.queue.needs_put(slot):
             self.queue.put(slot)
             return True
-        # Waiting for a budget: with another API to its writer, the change may give it another choice
-        # (new text for a CardKit card whose panels wait for theirs).
-        return slot.queued_at == -math.inf and len(card.writer.apis) > 1
+        # Waiting for a budget: when its choices left out an API of its writer, the change may give it
+        # that choice (new text for a CardKit card whose panels wait for theirs). One whose choices
+        # named them all already waits for whichever frees first: looking again would find the same.
+        return slot.queued_at == -math.inf and not slot.waiting_apis.issuperset(card.writer.apis)
 
     def written(self, slot: CardSlot) -> None:
         """After a flight: the card waits for its next write, or (a finished one) to be let go of."""
