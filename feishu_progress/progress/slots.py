@@ -105,6 +105,7 @@ class CardSlot:
         self.flight_version = self.card.version
         self.flight_apis = apis
         self.flight_sent = set()
+        self.waiting_apis = frozenset()  # no longer waiting: its next wait names its own
         self.next_start = now + self.card.writer.interval
         self.flight_urgent, self.urgent = self.urgent, False
         self.flight_waiting_since, self.waiting_since = self.waiting_since, None
@@ -235,7 +236,8 @@ class CardSlots:
         # Waiting for a budget: when its choices left out an API of its writer, the change may give it
         # that choice (new text for a CardKit card whose panels wait for theirs). One whose choices
         # named them all already waits for whichever frees first: looking again would find the same.
-        return slot.queued_at == -math.inf and not slot.waiting_apis.issuperset(card.writer.apis)
+        apis = card.writer.apis
+        return slot.queued_at == -math.inf and len(apis) > 1 and not slot.waiting_apis.issuperset(apis)
 
     def written(self, slot: CardSlot) -> None:
         """After a flight: the card waits for its next write, or (a finished one) to be let go of."""
