@@ -377,17 +377,18 @@ def _cell(fmt: str, values: list[float]) -> str:
 
 
 def table(cards: int, runs: Mapping[str, list[FreshnessResult]], every: tuple[float, float]) -> str:
-    first = runs[TRANSPORTS[0]][0]
+    transports = tuple(runs)
+    first = runs[transports[0]][0]
     scaled = f"time scaled ×{first.scale:g}" if first.scale != 1 else "real time (unscaled)"
     lines = [
         f"### {cards} live card(s) — {first.seconds:g} s real stream, {scaled}, a delta per card every "
-        f"{every[0]:g}–{every[1]:g} real s, medians (min–max) of {len(runs[TRANSPORTS[0]])} run(s)",
+        f"{every[0]:g}–{every[1]:g} real s, medians (min–max) of {len(runs[transports[0]])} run(s)",
         "",
-        "| metric | " + " | ".join(TRANSPORTS) + " |",
-        "|---|" + "---:|" * len(TRANSPORTS),
+        "| metric | " + " | ".join(transports) + " |",
+        "|---|" + "---:|" * len(transports),
     ]
     for label, attr, fmt in ROWS:
-        cells = [_cell(fmt, [float(getattr(r, attr)) for r in runs[t]]) for t in TRANSPORTS]
+        cells = [_cell(fmt, [float(getattr(r, attr)) for r in runs[t]]) for t in transports]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -413,17 +414,23 @@ def main() -> None:
     parser.add_argument("--scale", type=float, help="scaled seconds per real second (default per size)")
     parser.add_argument("--every-ms", default="300,500", help="min,max real ms between a card's deltas")
     parser.add_argument("--tool-every", type=int, default=0, help="every Nth delta starts a tool call too")
+    parser.add_argument(
+        "--transports", default=",".join(TRANSPORTS), help="comma-separated, of " + ",".join(TRANSPORTS)
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
+    transports = [t for t in args.transports.split(",") if t.strip()]
+    if unknown := set(transports) - set(TRANSPORTS):
+        parser.error(f"--transports: unknown {', '.join(sorted(unknown))}")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     low, high = (float(x) / 1000 for x in args.every_ms.split(","))
     tables = []
     for cards in sizes:
         scale = args.scale or DEFAULT_SCALE.get(cards, max(1.0, cards / 200))
         every = (low * SLOWER.get(cards, 1.0), high * SLOWER.get(cards, 1.0))
-        runs: dict[str, list[FreshnessResult]] = {t: [] for t in TRANSPORTS}
+        runs: dict[str, list[FreshnessResult]] = {t: [] for t in transports}
         for run in range(args.runs):
-            for transport in TRANSPORTS:
+            for transport in transports:
                 started = time.monotonic()
                 res = asyncio.run(
                     one_run(
