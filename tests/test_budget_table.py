@@ -23,7 +23,15 @@ from feishu_progress.feishu import FeishuClient
 from feishu_progress.images import ImageUploads
 from feishu_progress.ports import SystemClock
 from feishu_progress.progress.admission import Admission, BudgetBusy
-from feishu_progress.progress.card_stream import CardStream, Op, Pacing, apis_of, plan, plan_ahead
+from feishu_progress.progress.card_stream import (
+    CardStream,
+    Op,
+    Pacing,
+    Shown,
+    apis_of,
+    plan,
+    plan_ahead,
+)
 from feishu_progress.progress.rate_budget import AppBudget, BudgetTable
 from feishu_progress.sandbox.server import run_sandbox
 from feishu_progress.sandbox.state import SandboxConfig
@@ -168,6 +176,36 @@ def test_a_write_names_its_apis_before_it_is_built() -> None:
     stream.panels_due = 1.0  # a write left the panels behind (the cut moved, or a call was not budgeted)
     assert ahead(stream, panel_version=1, text_version=1, now=1, **marks) == [("card_update",)]
     assert ahead(stream, panel_version=1, text_version=1, now=0.5, **marks) == [()]  # nothing to call yet
+
+
+def test_under_load_a_cards_writes_take_turns_between_the_two_apis() -> None:
+    """Panels due again right after a whole write: the text goes alone first, the whole card is the
+    fallback; after a text-alone write the whole card is first again. Urgent writes stay whole."""
+    stream = CardStream("c1", fence=0, panel_version=1, text_version=1, text="a", streaming=True)
+    stream.opened_at, stream.written_at = 0.0, 0.0
+    marks = {"panel_version": 2, "text_version": 2, "streams": True, "now": 2.0}
+    whole = Shown(panel_version=1, text="a", streams=True, text_version=1)
+    stream.done(Op.FULL, now=0.0, shown=whole)
+    assert stream.whole_last
+    assert ahead(stream, urgent=False, **marks) == [("card_content",), ("card_update",)]
+    assert ahead(stream, urgent=True, **marks) == [("card_update",), ("card_content",)]
+    stream.done(Op.TEXT, now=0.1, shown=Shown(panel_version=2, text="ab", streams=True, text_version=2))
+    assert not stream.whole_last
+    assert ahead(stream, urgent=False, **{**marks, "text_version": 3}) == [
+        ("card_update",),
+        ("card_content",),
+    ]
+    stream.done(Op.FULL, now=0.2, shown=whole)
+    stream.streaming = None  # streaming resumes (after a wait for the user): the whole card at once
+    assert ahead(stream, urgent=False, **marks)[0] == ("card_settings", "card_update")
+
+
+def test_cards_created_together_start_their_turns_on_both_apis() -> None:
+    created = [CardStream.created(f"7sandbox{n:06d}", 0, text=None, now=0.0) for n in range(200)]
+    first_whole = sum(stream.whole_last for stream in created)
+    assert 70 <= first_whole <= 130, first_whole  # about half, by id: not every card on one API
+    again = [CardStream.created(f"7sandbox{n:06d}", 0, text=None, now=5.0) for n in range(200)]
+    assert [s.whole_last for s in again] == [s.whole_last for s in created]  # the id decides
 
 
 def test_a_write_without_the_panel_budget_streams_the_text_and_owes_the_panels() -> None:

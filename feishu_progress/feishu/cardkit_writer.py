@@ -164,6 +164,10 @@ class CardKitWriter:
             text_alone=calls.allows(OP_API[Op.TEXT]),
         )
         ops = tuple(takewhile(lambda op: calls.allows(OP_API[op]), chosen.ops))
+        if not ops and chosen.owed_at is not None:
+            # The text's turn had nothing to send (a cut answer's head did not change): the panels go
+            # next, or the card would ask for the text's budget again and again.
+            stream.whole_last = False
         job = _Write(
             entity_card(built.card, streams=delivery.streams, typewriter=self._style.typewriter), seen
         )
