@@ -14,7 +14,8 @@ that write sends:
   by the card-update API's, so neither waits for the other's. ``plan_ahead`` names a write's calls from
   the card's versions before the write takes their budgets; ``plan`` decides from the built card and
   makes only calls that were budgeted (what it could not foresee goes with the next write). A write never
-  calls one API twice.
+  calls one API twice. Under load a card's writes take turns: right after a whole write, the text goes
+  alone first, so the cards waiting for each API's budget are as many as for the other's.
 
 ``sequence`` is ``fence << 20 | n``: one counter per card across all calls, and a writer from a newer
 epoch (a restart or a takeover bumps the fence) always counts above every older one, so Feishu itself
