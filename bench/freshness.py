@@ -420,6 +420,8 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     transports = [t for t in args.transports.split(",") if t.strip()]
+    if not transports:
+        parser.error("--transports: name at least one of " + ", ".join(TRANSPORTS))
     if unknown := set(transports) - set(TRANSPORTS):
         parser.error(f"--transports: unknown {', '.join(sorted(unknown))}")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
