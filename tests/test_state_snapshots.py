@@ -19,7 +19,7 @@ from feishu_progress.db.repo import TaskRecord
 from feishu_progress.domain import IMAGE_UPLOADING, Notice, TaskStatus
 from feishu_progress.runtime import events as ev
 from feishu_progress.runtime.snapshots import state_from_record
-from feishu_progress.runtime.state import CONTENT_KEEP_CHARS, MAX_TOOLS_KEPT, TaskState, dump_snapshot
+from feishu_progress.runtime.state import CONTENT_KEEP_CHARS, MAX_TOOLS_KEPT, TaskState
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -159,15 +159,6 @@ def test_an_unbounded_v1_snapshot_is_cut_to_today_s_bounds() -> None:
     assert (len(shown.content), shown.content_chars) == (CONTENT_KEEP_CHARS, CONTENT_KEEP_CHARS + 10)
     assert [t.call_id for t in shown.panels.tools] == [f"t{i}" for i in range(30, 80)]
     assert shown.panels.earlier_tools == 30
-
-
-def test_a_detached_copy_keeps_what_the_state_held_when_it_was_taken() -> None:
-    state = state_from_record(record(saved("v2_waiting.json")))
-    copy = state.detached()
-    state.apply(ev.ToolStartedEvent(type="tool_started", call_id="c9", name="ls"))
-    state.answer("a1")
-    state.remember_batch("0" * 32)
-    assert json.loads(dump_snapshot(copy)) == with_today_s_defaults(json.loads(saved("v2_waiting.json")))
 
 
 def with_today_s_defaults(snapshot: dict[str, Any]) -> dict[str, Any]:

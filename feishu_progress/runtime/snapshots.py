@@ -5,14 +5,16 @@ arguments at most once per ``PERSIST_INTERVAL`` (``run``), all dirty tasks in on
 starts a new round every few seconds per task, and a write per round put the database on the event path
 (measured: ~450 writes/s at 1000 live cards). A failed save never loses the state: the task stays dirty
 and the next pass tries again, and when a whole batch fails its rows are retried one by one, so one bad
-row never blocks the others. A pass whose snapshots are large is serialised in a worker thread, between
-whose dumps the event loop gets its turns (tool values are capped at 16 KiB, so no single dump is long).
+row never blocks the others. A pass dumps its snapshots on the loop in slices of ``DUMP_SLICE_SECONDS``,
+and the loop gets its turns between two slices (tool values are capped at 16 KiB, so no single dump is
+long). Each snapshot is dumped whole within one slice, so it is always one moment of its task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from datetime import datetime
@@ -30,9 +32,10 @@ from feishu_progress.waiting import Stopper
 log = logging.getLogger(__name__)
 
 PERSIST_INTERVAL = 1.0  # seconds between saves of a task's round, streamed text and tool arguments
-# A pass estimated larger than this is dumped in a worker thread rather than on the event loop.
-OFF_LOOP_CHARS = 256 * 1024
-_CHARS_PER_TOOL_ESTIMATE = 2048
+# How long a pass dumps snapshots before the loop gets a turn. The pass at 1,000 busy cards dumps for
+# ~16 ms; in one stretch it was the loop's longest (a worker thread needed a copy of each state made on
+# the loop first, 13 ms for 1,000, and its dumps then held the GIL against the loop anyway).
+DUMP_SLICE_SECONDS = 0.004
 MAX_STOP_REASON_CHARS = 255  # the column's size
 
 
@@ -159,13 +162,14 @@ class SnapshotStore:
                 log.exception("saving task snapshots failed")
 
     async def _rows(self, states: Sequence[TaskState]) -> list[StateRow]:
-        size = sum(len(state.content) + _CHARS_PER_TOOL_ESTIMATE * len(state.tools) for state in states)
-        if size > OFF_LOOP_CHARS:
-            copies = [state.detached() for state in states]  # on the loop: the states may change after
-            texts = await asyncio.to_thread(lambda: [dump_snapshot(copy) for copy in copies])
-        else:
-            texts = [dump_snapshot(state) for state in states]
-        return [_state_row(state, text) for state, text in zip(states, texts, strict=True)]
+        rows: list[StateRow] = []
+        slice_ends = time.perf_counter() + DUMP_SLICE_SECONDS
+        for state in states:
+            if time.perf_counter() >= slice_ends:
+                await asyncio.sleep(0)  # the states dumped later may change meanwhile: they stay whole
+                slice_ends = time.perf_counter() + DUMP_SLICE_SECONDS
+            rows.append(_state_row(state, dump_snapshot(state)))
+        return rows
 
     # -- loading --------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, NamedTuple, TypeVar, get_origin, get_type_hints
+from dataclasses import dataclass, field
+from typing import Annotated, Any, NamedTuple, TypeVar, get_type_hints
 
 from pydantic import BeforeValidator, PlainSerializer, TypeAdapter, ValidationError
 
@@ -418,14 +418,8 @@ class TaskState:
 
     # ----------------------------------------------------------------- snapshot
     def to_snapshot(self) -> str:
-        """The snapshot as stored: the ``InSnapshot`` fields (cheap to call on the loop; see ``detached``)."""
+        """The snapshot as stored: the ``InSnapshot`` fields (cheap to call on the loop)."""
         return dump_snapshot(self)
-
-    def detached(self) -> TaskState:
-        """A copy to dump off the event loop while this state changes: its saved dicts are its own, their
-        values (frozen calls, asks, approvals; strings) are shared, not copied."""
-        own: dict[str, Any] = {name: dict(getattr(self, name)) for name in _SAVED_DICTS}
-        return replace(self, **own)
 
     def _within_bounds(self) -> None:
         """A restored state within today's bounds (a v1 snapshot kept the whole content and every call)."""
@@ -446,11 +440,6 @@ SAVED_FIELDS = frozenset(
     if _IN_SNAPSHOT in getattr(hint, "__metadata__", ())
 )
 _INCLUDE = set(SAVED_FIELDS)  # the adapter's ``include`` takes a set
-_SAVED_DICTS = tuple(
-    name
-    for name, hint in get_type_hints(TaskState).items()
-    if name in SAVED_FIELDS and get_origin(hint) is dict
-)
 
 
 class Restored(NamedTuple):
