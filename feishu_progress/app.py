@@ -145,7 +145,12 @@ def create_app(
         return app[SERVICES]  # requests are served only once the app has started
 
     # One gate: large runtime bodies go one at a time, and wait while a click is answered.
-    gate = HeavyGate(concurrency=settings.http.large_bodies, max_wait=settings.http.large_body_wait_seconds)
+    gate = HeavyGate(
+        concurrency=settings.http.large_bodies,
+        max_wait=settings.http.large_body_wait_seconds,
+        batch_slice_seconds=settings.http.batch_slice_seconds,
+        on_batch_wait=setup.metrics.batch_turn_waits.inc,
+    )
     _add_callback_routes(app, setup, started, gate)
     app.router.add_routes(RuntimeApi(lambda: started().service, gate).routes())
     app.router.add_routes(openapi_routes())

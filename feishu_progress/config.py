@@ -67,6 +67,9 @@ class HttpSettings(BaseModel):
     # long, then get 429 with Retry-After: a flood of large batches cannot starve card clicks.
     large_bodies: int = Field(default=1, ge=1)
     large_body_wait_seconds: float = Field(default=10.0, gt=0)
+    # How long event batches may hold the event loop in one of its turns; later ones wait for the next
+    # turns, so timers, clicks and card writes run in between (a saturated loop's lag, web/load.py).
+    batch_slice_seconds: float = Field(default=0.01, gt=0, le=1.0)
 
 
 class AdminSettings(BaseModel):

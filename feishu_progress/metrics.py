@@ -121,6 +121,12 @@ class Metrics:
             "Runtime events applied to tasks.",
             registry=self.registry,
         )
+        self.batch_turn_waits = Counter(
+            "fp_batch_turn_waits_total",
+            "Event batches that waited for a later turn of the event loop: their turn already held "
+            "FP_HTTP__BATCH_SLICE_SECONDS of batches (a saturated loop; each wait is one turn or a few).",
+            registry=self.registry,
+        )
         self.events_logged = Counter(
             "fp_events_logged_total",
             "Event batches stored in the event log because the card's writer did not take them (cluster).",

@@ -141,6 +141,7 @@ class RuntimeApi:
 
     async def post_events(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
+        await self._gate.share.take_turn()
         async with self._gate.admit(request):
             read = await read_event_batch(request, self._gate.give_way)
         if len(read.raw) > LARGE_BODY_BYTES:
