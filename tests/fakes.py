@@ -145,3 +145,20 @@ def rate_with_api(name: str, per_second: float, per_minute: float) -> RateSettin
     rate = RateSettings()
     limit = ApiLimit(per_second=per_second, per_minute=per_minute)
     return rate.model_copy(update={"api": rate.api.model_copy(update={name: limit})})
+
+
+class TurnCounter:
+    """The number of the loop's current iteration, counted by a self-rescheduling callback."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self._running = True
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.turn += 1
+        if self._running:
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._running = False

@@ -1,8 +1,7 @@
 """Event batches take turns of the event loop (``LoopShare``): a turn holds at most a slice of them.
 
 The slice is measured on a clock the test moves: each batch "works" by moving it, so which loop turn
-each batch ran in is exact, not a matter of the machine's speed. A turn is counted by a callback that
-re-schedules itself with ``call_soon``: it runs once per iteration of the loop.
+each batch ran in is exact, not a matter of the machine's speed (``TurnCounter`` counts the turns).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from feishu_progress.app import SERVICES, create_app
 from feishu_progress.config import AdminSettings, ApiSettings, HttpSettings, Settings
 from feishu_progress.web.load import LoopShare
+from tests.fakes import TurnCounter
 
 
 class WorkClock:
@@ -27,23 +27,6 @@ class WorkClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class TurnCounter:
-    """The number of the loop's current iteration, counted by a self-rescheduling callback."""
-
-    def __init__(self) -> None:
-        self.turn = 0
-        self._running = True
-        asyncio.get_running_loop().call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self.turn += 1
-        if self._running:
-            asyncio.get_running_loop().call_soon(self._tick)
-
-    def stop(self) -> None:
-        self._running = False
 
 
 async def _batches(share: LoopShare, clock: WorkClock, count: int, work: float) -> list[tuple[int, int]]:
